@@ -1,0 +1,28 @@
+# The project's commands. `make test` and `make demo` work on a fresh machine: they
+# create .venv and install the pinned dependencies first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install lint test bench-sim clean
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench-sim: install
+	$(PY) benchmarks/bench_sim.py
+
+clean:
+	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

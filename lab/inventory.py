@@ -124,7 +124,7 @@ def _node(raw: Any, index: int, defaults: Mapping[str, Any], base: Path) -> Node
     role = merged["role"]
     _require(role in ROLES, f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
     nics = merged["data_nics"]
-    _require(isinstance(nics, list) and all(isinstance(n, str) and n for n in nics) and nics,
+    _require(isinstance(nics, list) and bool(nics) and all(isinstance(n, str) and n for n in nics),
              f"{where}.data_nics", f"must be a non-empty list of interface names, got {nics!r}")
     key = Path(_str(merged["key_file"], f"{where}.key_file")).expanduser()
     if not key.is_absolute():
@@ -160,7 +160,7 @@ def parse_inventory(data: Any, *, base: Path, path: Path | None = None) -> Inven
     bad = sorted(set(defaults) - (NODE_FIELDS - {"name", "host"}))
     _require(not bad, f"defaults.{bad[0] if bad else ''}", "unknown node field")
     raw_nodes = data.get("nodes")
-    _require(isinstance(raw_nodes, list) and raw_nodes, "nodes", "must be a non-empty list")
+    _require(isinstance(raw_nodes, list) and bool(raw_nodes), "nodes", "must be a non-empty list")
     nodes = tuple(_node(raw, i, defaults, base) for i, raw in enumerate(raw_nodes))
     names = [n.name for n in nodes]
     dup = next((n for n in names if names.count(n) > 1), None)

@@ -1,0 +1,1 @@
+"""The Django project package: settings, URLs and the Celery app."""

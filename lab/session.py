@@ -1,0 +1,412 @@
+"""A lab session: what the pipelines use to drive a lab, real or simulated.
+
+It pushes the node agent, launches a configuration on the nodes it needs and waits for
+the engine to serve, collects telemetry and logs, and fetches the tokenizer. It is the
+one place in the platform that converts wall time to lab time (`LabClock`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from lab.agent import agent_source
+from lab.clock import LabClock
+from lab.inventory import Inventory, Node, load_inventory
+from lab.ssh import LabSSH, NodeConnection, SSHError
+
+log = logging.getLogger(__name__)
+
+AGENT_TIMEOUT_S = 60.0
+
+
+class LabError(Exception):
+    """Something on the lab went wrong; `transient` errors are worth a retry."""
+
+    transient = False
+
+
+class NodeUnreachable(LabError):
+    transient = True
+
+    def __init__(self, nodes: Mapping[str, BaseException]) -> None:
+        detail = "; ".join(f"{exc}" for exc in nodes.values())
+        super().__init__(f"unreachable: {', '.join(nodes)} ({detail})")
+        self.nodes = dict(nodes)
+
+
+class AgentError(LabError):
+    def __init__(self, node: str, verb: str, code: str, message: str) -> None:
+        super().__init__(f"{node}: agent {verb} failed ({code}): {message}")
+        self.node, self.verb, self.code, self.message = node, verb, code, message
+
+
+class LaunchFailed(LabError):
+    def __init__(self, node: str, reason: str, log_tail: str) -> None:
+        super().__init__(f"{node}: the engine did not start: {reason}")
+        self.node, self.reason, self.log_tail = node, reason, log_tail
+
+
+class LaunchTimeout(LabError):
+    transient = True
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    endpoint: str
+    cold_start_s: float  # lab seconds from launch to the first healthy answer
+    started_at: float  # lab epoch
+    ready_at: float  # lab epoch
+    specs: list[dict[str, Any]]
+    warm: bool  # caches were not dropped first: not a cold start
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    node: str
+    path: str
+    offset: int
+    next_offset: int
+    size: int
+    text: str
+
+
+@dataclass
+class LabSession:
+    inventory: Inventory
+    clock: LabClock = field(init=False)
+    ssh: LabSSH = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.clock = LabClock(self.inventory.time_dilation, self.inventory.time_origin)
+        self.ssh = LabSSH(self.inventory)
+        self._agent_ready: set[str] = set()
+        self._launched: list[str] = []
+
+    @classmethod
+    def open(cls, inventory_path: str | Path) -> LabSession:
+        return cls(load_inventory(inventory_path))
+
+    def close(self) -> None:
+        self.ssh.close()
+
+    def __enter__(self) -> LabSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- nodes and the agent --------------------------------------------------------
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.inventory.nodes
+
+    def nodes_for(self, config: Mapping[str, Any]) -> list[Node]:
+        """The nodes a configuration runs on: head first, then workers in inventory order."""
+        par = config["parallel"]
+        needed = int(par["tp"]) * int(par["pp"])
+        ordered = [self.inventory.head] + [n for n in self.nodes if not n.is_head]
+        if needed > len(ordered):
+            raise LabError(
+                f"the configuration needs tp x pp = {needed} nodes; lab {self.inventory.name!r} "
+                f"has {len(ordered)}"
+            )
+        return ordered[:needed]
+
+    def _names(self, nodes: Iterable[Node | str] | None) -> list[str]:
+        if nodes is None:
+            return [n.name for n in self.nodes]
+        return [n if isinstance(n, str) else n.name for n in nodes]
+
+    def _agent_call(self, conn: NodeConnection, args: Sequence[str], timeout: float) -> dict[str, Any]:
+        node = conn.node
+        if node.name not in self._agent_ready:
+            self._push_agent(conn)
+        res = conn.run([node.python, node.agent_path, *args, "--json"], timeout=timeout)
+        try:
+            answer = json.loads(res.out)
+        except json.JSONDecodeError as exc:
+            raise AgentError(node.name, args[0], "bad_output",
+                             f"exit {res.exit_status}; stdout {res.out[:200]!r}; "
+                             f"stderr {res.err[-300:]!r}") from exc
+        if not answer.get("ok"):
+            err = answer.get("error") or {}
+            raise AgentError(node.name, args[0], str(err.get("code", "error")),
+                             str(err.get("message", res.err[-300:])))
+        data = answer.get("data")
+        return data if isinstance(data, dict) else {}
+
+    def agent(self, node: str, *args: str, timeout: float = AGENT_TIMEOUT_S) -> dict[str, Any]:
+        """Run one agent verb on one node and return its data."""
+        try:
+            return self._agent_call(self.ssh[node], args, timeout)
+        except SSHError as exc:
+            if exc.transient:
+                raise NodeUnreachable({node: exc}) from exc
+            raise LabError(str(exc)) from exc
+
+    def agent_all(
+        self, *args: str, nodes: Iterable[Node | str] | None = None, timeout: float = AGENT_TIMEOUT_S,
+        tolerate: bool = False,
+    ) -> dict[str, Any]:
+        """The same agent verb on many nodes at once. Unreachable nodes raise
+        NodeUnreachable, unless `tolerate`, when their entry is the exception."""
+        results = self.ssh.each(lambda c: self._agent_call(c, args, timeout), self._names(nodes))
+        if tolerate:
+            return {k: (_as_lab_error(k, v) if isinstance(v, Exception) else v) for k, v in results.items()}
+        down = {k: v for k, v in results.items() if isinstance(v, SSHError) and v.transient}
+        if down:
+            raise NodeUnreachable(down)
+        for v in results.values():
+            if isinstance(v, LabError):
+                raise v
+            if isinstance(v, Exception):
+                raise LabError(str(v)) from v
+        return results
+
+    def _push_agent(self, conn: NodeConnection) -> None:
+        source = agent_source()
+        expected = hashlib.sha256(source).hexdigest()
+        node = conn.node
+        conn.makedirs(node.work_dir)
+        conn.put_bytes(source, node.agent_path, mode=0o755)
+        res = conn.run([node.python, node.agent_path, "self-check", "--json"], timeout=AGENT_TIMEOUT_S)
+        try:
+            got = json.loads(res.out)["data"]["sha256"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AgentError(node.name, "self-check", "bad_output",
+                             f"exit {res.exit_status}: {res.err[-300:] or res.out[:200]}") from exc
+        if got != expected:
+            raise AgentError(node.name, "self-check", "checksum",
+                             f"agent.py on the node has sha256 {got}, expected {expected}")
+        self._agent_ready.add(node.name)
+
+    def push_agent(self, nodes: Iterable[Node | str] | None = None) -> None:
+        """Copy agent.py to the nodes and verify its checksum there."""
+        names = self._names(nodes)
+        for name in names:
+            self._agent_ready.discard(name)
+        results = self.ssh.each(self._push_agent, names)
+        errors = {k: v for k, v in results.items() if isinstance(v, Exception)}
+        if errors:
+            transient = {k: v for k, v in errors.items() if isinstance(v, SSHError) and v.transient}
+            if transient:
+                raise NodeUnreachable(transient)
+            first = next(iter(errors.values()))
+            raise first if isinstance(first, LabError) else LabError(str(first))
+
+    # -- facts, caches, telemetry -----------------------------------------------------
+    def facts(self, nodes: Iterable[Node | str] | None = None, *, tolerate: bool = False) -> dict[str, Any]:
+        model_dirs = {n.name: n.model_dir for n in self.nodes}
+        names = self._names(nodes)
+        results = self.ssh.each(
+            lambda c: self._agent_call(c, ["facts", "--model-dir", model_dirs[c.node.name]], AGENT_TIMEOUT_S),
+            names,
+        )
+        out: dict[str, Any] = {}
+        down: dict[str, BaseException] = {}
+        for name, value in results.items():
+            if isinstance(value, Exception):
+                err = _as_lab_error(name, value)
+                if not tolerate:
+                    if isinstance(err, NodeUnreachable):
+                        down[name] = value
+                        continue
+                    raise err
+                out[name] = err
+            else:
+                out[name] = value
+        if down:
+            raise NodeUnreachable(down)
+        return out
+
+    def drop_caches(self, nodes: Iterable[Node | str] | None = None) -> dict[str, Any]:
+        return self.agent_all("drop-caches", nodes=nodes)
+
+    def _sampler_file(self, node: Node) -> str:
+        return f"{node.work_dir}/telemetry/samples.jsonl"
+
+    def start_sampler(self, nodes: Iterable[Node | str] | None = None, interval_s: float = 1.0) -> None:
+        """Start the 1 Hz (lab time) telemetry sampler on the nodes."""
+        names = self._names(nodes)
+        wall_interval = self.clock.wall_seconds(interval_s)
+
+        def start(conn: NodeConnection) -> dict[str, Any]:
+            conn.makedirs(f"{conn.node.work_dir}/telemetry")
+            return self._agent_call(
+                conn, ["sampler", "start", "--out", self._sampler_file(conn.node),
+                       "--interval", f"{wall_interval:.6g}"], AGENT_TIMEOUT_S)
+
+        _raise_first(self.ssh.each(start, names))
+
+    def stop_sampler(self, nodes: Iterable[Node | str] | None = None) -> None:
+        names = self._names(nodes)
+        _raise_first(self.ssh.each(
+            lambda c: self._agent_call(c, ["sampler", "stop", "--out", self._sampler_file(c.node)],
+                                       AGENT_TIMEOUT_S), names))
+
+    def telemetry(
+        self, since: float = 0.0, nodes: Iterable[Node | str] | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Samples newer than `since` (lab epoch seconds) per node."""
+        names = self._names(nodes)
+        results = self.ssh.each(
+            lambda c: self._agent_call(
+                c, ["telemetry", "--out", self._sampler_file(c.node), "--since", repr(float(since))],
+                AGENT_TIMEOUT_S),
+            names,
+        )
+        _raise_first(results)
+        return {k: list(v["samples"]) for k, v in results.items() if isinstance(v, dict)}
+
+    # -- the engine -------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        head = self.inventory.head
+        return f"http://{head.host}:{head.api_port}"
+
+    def log_file(self, node: Node) -> str:
+        return f"{node.work_dir}/logs/engine.log"
+
+    def status(self, nodes: Iterable[Node | str] | None = None) -> dict[str, Any]:
+        return self.agent_all("status", nodes=nodes, tolerate=True)
+
+    def stop(self, nodes: Iterable[Node | str] | None = None) -> dict[str, Any]:
+        """Stop the engine everywhere it may run; unreachable nodes are reported, not raised."""
+        return self.agent_all("stop", nodes=nodes, tolerate=True)
+
+    def launch(
+        self, config: Mapping[str, Any], *, cold: bool = True, timeout_s: float = 3600.0
+    ) -> LaunchResult:
+        """Start `config` on the nodes it needs and wait until the API answers /health.
+
+        `cold`: stop every engine and drop the page cache first, so the figure is a true
+        cold start. `timeout_s` is in lab seconds.
+        """
+        from lab.engines import render  # engines import config validation; keep startup light
+
+        nodes = self.nodes_for(config)
+        self.stop()
+        if cold:
+            self.drop_caches(nodes)
+        specs = render(dict(config), nodes)
+        by_node = {n.name: n for n in nodes}
+
+        def place(conn: NodeConnection) -> None:
+            node = conn.node
+            spec = next(s for s in specs if s["node"] == node.name)
+            conn.makedirs(f"{node.work_dir}/launch")
+            conn.makedirs(str(Path(spec["log_file"]).parent))
+            conn.put_bytes(json.dumps(spec, indent=2).encode(), f"{node.work_dir}/launch/spec.json")
+
+        _raise_first(self.ssh.each(place, list(by_node)))
+        started_wall = time.monotonic()
+        started_at = self.clock.now()
+        results = self.ssh.each(
+            lambda c: self._agent_call(c, ["launch", "--spec", f"{c.node.work_dir}/launch/spec.json"],
+                                       AGENT_TIMEOUT_S),
+            list(by_node),
+        )
+        _raise_first(results)
+        self._launched = list(by_node)
+        ready_wall = self._wait_healthy(nodes, specs, started_wall, timeout_s)
+        cold_start_s = self.clock.lab_seconds(ready_wall - started_wall)
+        return LaunchResult(
+            endpoint=self.endpoint,
+            cold_start_s=round(cold_start_s, 3),
+            started_at=started_at,
+            ready_at=started_at + cold_start_s,
+            specs=specs,
+            warm=not cold,
+        )
+
+    def _wait_healthy(
+        self, nodes: Sequence[Node], specs: Sequence[Mapping[str, Any]], started_wall: float, timeout_s: float
+    ) -> float:
+        deadline = started_wall + self.clock.wall_seconds(timeout_s)
+        poll = min(2.0, max(0.02, self.clock.wall_seconds(1.0)))
+        status_every = max(poll, min(5.0, self.clock.wall_seconds(10.0)))
+        next_status = time.monotonic() + status_every
+        url = f"{self.endpoint}/health"
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as http:
+            while True:
+                try:
+                    if http.get(url).status_code == 200:
+                        return time.monotonic()
+                except httpx.HTTPError:
+                    pass
+                now = time.monotonic()
+                if now >= deadline:
+                    raise LaunchTimeout(
+                        f"the engine did not answer {url} within {timeout_s:g} lab seconds")
+                if now >= next_status:
+                    next_status = now + status_every
+                    self._check_running(nodes)
+                time.sleep(poll)
+
+    def _check_running(self, nodes: Sequence[Node]) -> None:
+        for name, st in self.status(nodes).items():
+            if isinstance(st, NodeUnreachable):
+                raise st
+            if isinstance(st, dict) and not st.get("running"):
+                tail = self.logs(name, tail_bytes=4000).text
+                raise LaunchFailed(name, f"engine exited with code {st.get('exit_code')}", tail)
+
+    def logs(self, node: str | None = None, since: int = 0, *, tail_bytes: int | None = None,
+             max_bytes: int = 4 * 1024 * 1024) -> LogChunk:
+        """The engine log of a node (the head by default) from byte `since`.
+
+        `tail_bytes` asks for only the last bytes instead.
+        """
+        target = self.inventory.node(node) if node else self.inventory.head
+        path = self.log_file(target)
+        if tail_bytes is not None:
+            size = int(self.agent(target.name, "logs", "--file", path, "--since", "0", "--max", "0")["size"])
+            since = max(0, size - tail_bytes)
+        data = self.agent(target.name, "logs", "--file", path, "--since", str(since), "--max", str(max_bytes))
+        return LogChunk(target.name, path, int(data["offset"]), int(data["next_offset"]),
+                        int(data["size"]), str(data["text"]))
+
+    def tokenizer_path(self, cache_dir: Path | None = None) -> Path:
+        """A local copy of the model's tokenizer from the head node's model directory."""
+        head = self.inventory.head
+        dest_dir = Path(cache_dir or tempfile.mkdtemp(prefix="diag-tokenizer-"))
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        conn = self.ssh[head.name]
+        errors: list[str] = []
+        for name in ("tokenizer.json", "tiktoken.model"):
+            try:
+                data = conn.get_bytes(f"{head.model_dir}/{name}")
+            except (SSHError, OSError) as exc:
+                errors.append(f"{name}: {exc}")
+                continue
+            dest = dest_dir / name
+            dest.write_bytes(data)
+            return dest
+        raise LabError(f"{head.name}: no tokenizer in {head.model_dir} ({'; '.join(errors)})")
+
+
+def _as_lab_error(node: str, exc: BaseException) -> LabError:
+    if isinstance(exc, LabError):
+        return exc
+    if isinstance(exc, SSHError) and exc.transient:
+        return NodeUnreachable({node: exc})
+    return LabError(str(exc))
+
+
+def _raise_first(results: Mapping[str, Any]) -> None:
+    down = {k: v for k, v in results.items() if isinstance(v, SSHError) and v.transient}
+    if down:
+        raise NodeUnreachable(down)
+    for name, value in results.items():
+        if isinstance(value, Exception):
+            raise _as_lab_error(name, value) from value

@@ -1,0 +1,143 @@
+"""A real OpenSSH server on loopback, for the SSH layer's tests.
+
+Each test that asks for `sshd` gets Debian's sshd on a free port, with its own host key,
+a client key it accepts, and a known_hosts file naming it, so the tests exercise real
+host-key checking, real authentication and a real shell on the far side.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lab.inventory import Inventory, parse_inventory
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def keygen(path: Path, kind: str = "ed25519") -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path)], check=True)
+
+
+@dataclass
+class Sshd:
+    root: Path
+    port: int
+    host_key: Path
+    client_key: Path
+    known_hosts: Path
+    bin_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        cfg = self.root / "sshd_config"
+        cfg.write_text(
+            "\n".join(
+                [
+                    f"Port {self.port}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {self.host_key}",
+                    f"AuthorizedKeysFile {self.root}/authorized_keys",
+                    f"PidFile {self.root}/sshd.pid",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PermitRootLogin prohibit-password",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "Subsystem sftp internal-sftp",
+                    f"SetEnv PATH={self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+                    "LogLevel ERROR",
+                ]
+            )
+            + "\n"
+        )
+        Path("/run/sshd").mkdir(exist_ok=True)
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                    raise RuntimeError(f"sshd exited: {err}") from None
+                time.sleep(0.05)
+        raise RuntimeError("sshd did not start listening within 10 s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def kill_sessions(self) -> None:
+        """Drop every open connection (the per-connection sshd children), keep listening."""
+        if self.proc is None:
+            return
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
+        for pid in out.stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+
+    def inventory(self, **node: object) -> Inventory:
+        data = {
+            "schema": "lab.inventory/1",
+            "name": "sshd-test",
+            "known_hosts": str(self.known_hosts),
+            "nodes": [
+                {
+                    "name": "node-a",
+                    "host": "127.0.0.1",
+                    "port": self.port,
+                    "user": os.environ.get("USER") or "root",
+                    "key_file": str(self.client_key),
+                    "role": "head",
+                    "work_dir": str(self.root / "work"),
+                    "model_dir": str(self.root / "models"),
+                    "cache_dir": str(self.root / "cache"),
+                    **node,
+                }
+            ],
+        }
+        return parse_inventory(data, base=self.root)
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    if not Path(SSHD).exists():
+        if os.environ.get("REQUIRE_SERVICES") == "1":
+            pytest.fail("sshd (Debian's openssh-server) is required here but not installed")
+        pytest.skip("sshd (openssh-server) not installed")
+    root = tmp_path / "sshd"
+    root.mkdir()
+    (root / "bin").mkdir()
+    host_key = root / "host_ed25519"
+    client_key = root / "client_ed25519"
+    keygen(host_key)
+    keygen(client_key)
+    (root / "authorized_keys").write_text((client_key.with_suffix(".pub")).read_text())
+    port = free_port()
+    host_pub = host_key.with_suffix(".pub").read_text().split()
+    known_hosts = root / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
+    server = Sshd(root, port, host_key, client_key, known_hosts, root / "bin")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install lint test bench-sim clean
+.PHONY: install lint test demo bench bench-sim bench-measure bench-report clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,8 +21,20 @@ lint: install
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+demo: install
+	@echo "make demo arrives with the platform core (issue 4): the reference diagnostic on the simulated lab." >&2
+	@exit 1
+
+bench: bench-sim bench-measure bench-report
+
 bench-sim: install
 	$(PY) benchmarks/bench_sim.py
+
+bench-measure: install
+	$(PY) benchmarks/bench_measure.py
+
+bench-report: install
+	$(PY) benchmarks/bench_report.py
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

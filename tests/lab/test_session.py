@@ -1,0 +1,114 @@
+"""LabSession end to end against a real sshd node running the real agent.
+
+There is no vLLM here, so the node's PATH holds a stand-in `vllm` program: it records
+the argv and environment it was started with and answers /health on its --port. That is
+enough to prove the path a customer value takes: configuration -> rendered launch spec
+-> SFTP -> agent -> engine argv, without any shell on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.config import normalize_config
+from lab.session import LabSession, LaunchFailed
+
+from .conftest import Sshd
+
+pytestmark = pytest.mark.ssh
+
+FAKE_ENGINE = """#!{python}
+import json, os, sys, http.server
+port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
+with open(os.path.join(os.getcwd(), "engine-argv.json"), "w") as fh:
+    json.dump({{"argv": sys.argv, "env": {{k: v for k, v in os.environ.items() if k.startswith(("NCCL", "VLLM"))}}}}, fh)
+if os.environ.get("FAKE_ENGINE_FAIL"):
+    print("ERROR boom: not enough memory for KV cache", flush=True)
+    sys.exit(1)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+print("Starting vLLM API server 0 on http://0.0.0.0:%d" % port, flush=True)
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def session(sshd: Sshd) -> LabSession:
+    engine = sshd.bin_dir / "vllm"
+    engine.write_text(FAKE_ENGINE.format(python=sys.executable))
+    engine.chmod(0o755)
+    (sshd.root / "models").mkdir()
+    (sshd.root / "models" / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    inv = sshd.inventory(api_port=free_port(), python=sys.executable)
+    s = LabSession(inv)
+    yield s
+    s.stop()
+    s.close()
+
+
+def one_node_config(**serving: object) -> dict[str, object]:
+    return normalize_config({
+        "schema": "diagnostic.config/1",
+        "engine": {"name": "vllm", "version": "0.29.1"},
+        "model": {"id": "moonshotai/Kimi-K2-Instruct-0905", "quantization": "nvfp4",
+                  "path": "/models/kimi-k2"},
+        "cluster": {"nodes": 1, "node_type": "dgx-spark", "link_gbps": 100},
+        "parallel": {"tp": 1, "pp": 1, "expert_parallel": False},
+        "serving": serving,
+        "speculative": None,
+        "workloads": ["code"],
+    })
+
+
+def test_it_pushes_the_agent_and_verifies_its_checksum(session: LabSession, sshd: Sshd) -> None:
+    session.push_agent()
+    node = session.inventory.head
+    assert Path(node.agent_path).read_bytes().startswith(b"#!")
+    facts = session.facts()
+    assert facts["node-a"]["cpu_count"] >= 1
+    assert facts["node-a"]["model_dir"]["exists"] is True
+
+
+def test_a_hostile_configuration_value_reaches_the_engine_as_one_literal_argument(
+    session: LabSession, sshd: Sshd
+) -> None:
+    config = one_node_config()
+    config["model"]["id"] = "$(touch owned)"  # type: ignore[index]
+    config["env"] = {"NCCL_SOCKET_IFNAME": "; rm -rf ~ ; touch owned"}
+    result = session.launch(config, cold=False, timeout_s=60)
+    assert result.endpoint == f"http://127.0.0.1:{session.inventory.head.api_port}"
+    seen = json.loads((Path(session.inventory.head.work_dir) / "engine-argv.json").read_text())
+    assert "$(touch owned)" in seen["argv"]
+    assert seen["env"]["NCCL_SOCKET_IFNAME"] == "; rm -rf ~ ; touch owned"
+    assert not list(sshd.root.rglob("owned"))
+    assert not (Path.home() / "owned").exists()
+    assert result.cold_start_s > 0
+    assert "Starting vLLM API server" in session.logs().text
+
+
+def test_a_launch_that_dies_reports_the_log_tail(session: LabSession) -> None:
+    config = one_node_config()
+    config["env"] = {"FAKE_ENGINE_FAIL": "1"}
+    with pytest.raises(LaunchFailed) as info:
+        session.launch(config, cold=False, timeout_s=60)
+    assert "not enough memory for KV cache" in info.value.log_tail
+
+
+def test_it_fetches_the_tokenizer_from_the_model_directory(session: LabSession, tmp_path: Path) -> None:
+    path = session.tokenizer_path(tmp_path)
+    assert json.loads(path.read_text())["model"]["type"] == "BPE"

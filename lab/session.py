@@ -333,8 +333,11 @@ class LabSession:
         self, nodes: Sequence[Node], specs: Sequence[Mapping[str, Any]], started_wall: float, timeout_s: float
     ) -> float:
         deadline = started_wall + self.clock.wall_seconds(timeout_s)
-        poll = min(2.0, max(0.02, self.clock.wall_seconds(1.0)))
-        status_every = max(poll, min(5.0, self.clock.wall_seconds(10.0)))
+        # Poll /health about once a lab second (no faster than 50 Hz on the wall), and ask
+        # the nodes whether the engine still runs every few seconds, so a start that died
+        # is reported with its log instead of waiting for the timeout.
+        poll = min(1.0, max(0.02, self.clock.wall_seconds(1.0)))
+        status_every = max(poll, min(2.0, self.clock.wall_seconds(10.0)))
         next_status = time.monotonic() + status_every
         url = f"{self.endpoint}/health"
         with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as http:

@@ -1,0 +1,1096 @@
+#!/usr/bin/env python3
+"""The node agent: one stdlib-only script that the platform copies to every lab node and
+runs over SSH as `python3 agent.py VERB [ARGS] --json`.
+
+It reports the node's facts, samples telemetry in a detached process, starts and stops
+the inference engine from a `lab.launch/1` spec, serves the engine log by byte offset,
+drops the page cache and runs the NVFP4 probe. Every verb prints one `lab.agent/1` JSON
+object on stdout (docs/lab-contracts.md, schema.json beside this file) and exits 0 on
+success, 2 on a usage error, 1 on any other failure.
+
+Nodes have only python3, so nothing outside the standard library is imported (torch only
+inside fp4-probe, when the node has it), and the syntax stays within Python 3.8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import errno
+import hashlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+AGENT_VERSION = "1.0.0"
+SCHEMA = "lab.agent/1"
+LAUNCH_SCHEMA = "lab.launch/1"
+
+VERBS = (
+    "self-check", "facts", "sampler", "telemetry", "launch", "stop", "status", "logs",
+    "drop-caches", "fp4-probe",
+)
+SAMPLER_ACTIONS = ("start", "stop")
+
+# Processes whose presence marks kernel JIT compilation (nvcc and its stages, and the C++
+# compiler that torch extensions and FlashInfer invoke).
+COMPILERS = frozenset({"nvcc", "cicc", "ptxas", "cc1plus"})
+ENGINE_PACKAGES = ("vllm", "sglang")
+
+ENGINE_RECORD = "engine.json"  # the pidfile of the launched engine, in the work dir
+ENGINE_EXIT = "engine.exit.json"  # written by the supervisor when the engine exits
+DEFAULT_GRACE_S = 20.0  # SIGTERM to SIGKILL; below the platform's 60 s call timeout
+SAMPLER_STOP_WAIT_S = 5.0
+DEFAULT_LOG_MAX = 1 << 20
+NVIDIA_SMI_TIMEOUT_S = 10.0
+SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors whatever the device's size
+
+FP4_BACKENDS = ("reference", "cutlass", "flashinfer_cutlass")
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E4M3_MAX = 448.0
+NVFP4_BLOCK = 16
+FP4_PROBE_GLOBAL_SCALE = 2.0 ** -10  # a power of two keeps every probe input exact in bf16
+
+
+class AgentError(Exception):
+    """A failure reported in the envelope: `code` for programs, `message` for people."""
+
+    def __init__(self, code: str, message: str, exit_status: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.exit_status = exit_status
+
+
+def usage_error(message: str) -> AgentError:
+    return AgentError("usage", message, exit_status=2)
+
+
+# -- /proc and /sys readers ---------------------------------------------------------------
+
+def read_text(path: str) -> str | None:
+    """The file's text, or None when it does not exist or cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def read_int(path: str) -> int | None:
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in KiB (the kernel's "kB")."""
+    values: dict[str, int] = {}
+    for line in (read_text("/proc/meminfo") or "").splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            values[name.strip()] = int(parts[0])
+    return values
+
+
+class ProcStat:
+    """The fields of /proc/PID/stat the agent needs to tell its own processes apart."""
+
+    def __init__(self, state: str, pgrp: int, starttime: int) -> None:
+        self.state = state
+        self.pgrp = pgrp
+        self.starttime = starttime  # clock ticks after boot: with the pid, a unique identity
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("Z", "X")  # a zombie has finished, whoever reaps it
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    text = read_text(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    # The command name is in parentheses and may itself contain spaces or ')'.
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return ProcStat(fields[0], int(fields[2]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def is_running(pid: int, starttime: int | None) -> bool:
+    st = proc_stat(pid)
+    return st is not None and st.alive and (starttime is None or st.starttime == starttime)
+
+
+def boot_id() -> str | None:
+    text = read_text("/proc/sys/kernel/random/boot_id")
+    return text.strip() if text else None
+
+
+def process_ids() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
+def group_members(pgid: int, not_before: int) -> list[int]:
+    """Live processes of a process group that started no earlier than its leader did
+    (so a group id reused after the leader's death is not mistaken for ours)."""
+    members = []
+    for pid in process_ids():
+        st = proc_stat(pid)
+        if st is not None and st.pgrp == pgid and st.alive and st.starttime >= not_before:
+            members.append(pid)
+    return sorted(members)
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+# -- self-check and facts -----------------------------------------------------------------
+
+def agent_file() -> str:
+    return os.path.realpath(__file__)
+
+
+def self_check(args: argparse.Namespace) -> dict[str, Any]:
+    with open(agent_file(), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {"version": AGENT_VERSION, "sha256": digest, "python": platform.python_version()}
+
+
+def nvidia_smi(query: str, *extra: str) -> list[list[str]] | None:
+    """Rows of an nvidia-smi CSV query, or None when there is no working nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        res = subprocess.run(
+            [exe, f"--query-gpu={query}", *extra], capture_output=True, text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0:
+        return None
+    lines = [line for line in res.stdout.splitlines() if line.strip()]
+    return [[cell.strip() for cell in row] for row in csv.reader(lines, skipinitialspace=True)]
+
+
+def not_available(cell: str) -> bool:
+    return cell == "" or "N/A" in cell or cell.startswith("[")
+
+
+def parse_mib(cell: str) -> int | None:
+    """'122880 MiB' -> 122880; '[N/A]' (GB10: unified memory has no figure) -> None."""
+    if not_available(cell):
+        return None
+    try:
+        return int(float(cell.split()[0]))
+    except (ValueError, IndexError):
+        return None
+
+
+def gpus() -> list[dict[str, Any]]:
+    rows = nvidia_smi("name,compute_cap,driver_version,memory.total", "--format=csv,noheader")
+    found = []
+    for row in rows or []:
+        if len(row) < 4:
+            continue
+        found.append({
+            "name": row[0],
+            "compute_capability": None if not_available(row[1]) else row[1],
+            "driver": None if not_available(row[2]) else row[2],
+            "memory_total_mib": parse_mib(row[3]),
+        })
+    return found
+
+
+def nics() -> list[dict[str, Any]]:
+    try:
+        names = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if name == "lo":
+            continue
+        base = f"/sys/class/net/{name}"
+        speed = read_int(f"{base}/speed")  # EINVAL when the link is down or virtual
+        found.append({
+            "name": name,
+            "speed_mbps": speed if speed is not None and speed > 0 else None,
+            "mtu": read_int(f"{base}/mtu"),
+            "operstate": (read_text(f"{base}/operstate") or "unknown").strip() or "unknown",
+        })
+    return found
+
+
+def model_dir_facts(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        return {"path": path, "exists": False, "free_bytes": None}
+    st = os.statvfs(path)
+    return {"path": path, "exists": True, "free_bytes": st.f_bavail * st.f_frsize}
+
+
+def engine_versions() -> dict[str, str | None]:
+    # Only the interpreter running the agent is searched: an engine installed in another
+    # virtualenv or a container is invisible here (point the inventory's python at it).
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for name in ENGINE_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def facts(args: argparse.Namespace) -> dict[str, Any]:
+    mem = meminfo()
+    uname = os.uname()
+    return {
+        "host": socket.gethostname(),
+        "time": time.time(),
+        "kernel": uname.release,
+        "arch": uname.machine,
+        "cpu_count": os.cpu_count() or 0,
+        "mem_total_kib": mem.get("MemTotal", 0),
+        "mem_available_kib": mem.get("MemAvailable", 0),
+        "gpus": gpus(),
+        "nics": nics(),
+        "model_dir": model_dir_facts(args.model_dir),
+        "engines": engine_versions(),
+        "python": platform.python_version(),
+    }
+
+
+# -- detached processes -------------------------------------------------------------------
+
+class ReadyPipe:
+    """The channel a detached child uses to tell the agent it started (or why not)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.open = True
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.open:
+            return
+        self.open = False
+        try:
+            os.write(self.fd, json.dumps(message).encode())
+        finally:
+            os.close(self.fd)
+
+
+def detach(body: Callable[[ReadyPipe], None]) -> dict[str, Any]:
+    """Run `body` in a child in its own session, with stdio on /dev/null, and return the
+    message it sends once started. The child outlives the agent.
+
+    stdio must not be inherited: an SSH command ends only when every holder of its
+    stdout has closed it, so a daemon keeping it would hang the platform's call.
+    """
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        ready = ReadyPipe(write_fd)
+        try:
+            os.close(read_fd)
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            if null > 2:
+                os.close(null)
+            body(ready)
+            status = 0
+        except BaseException as exc:
+            why = exc.message if isinstance(exc, AgentError) else f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(OSError):
+                ready.send({"error": why})
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    chunks = []
+    while True:
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_fd)
+    try:
+        message = json.loads(b"".join(chunks).decode())
+    except ValueError:
+        message = {"error": "the detached process exited before reporting that it started"}
+    if "error" in message:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it now if it is already gone
+    return message if isinstance(message, dict) else {"error": repr(message)}
+
+
+def terminate_group(pgid: int, not_before: int, grace_s: float) -> tuple[list[int], list[int]]:
+    """SIGTERM a process group, SIGKILL what is left after `grace_s`.
+    Returns (the members found, the members still alive at the end)."""
+    members = group_members(pgid, not_before)
+    if not members:
+        return [], []
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, SAMPLER_STOP_WAIT_S)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return members, []
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not group_members(pgid, not_before):
+                return members, []
+            time.sleep(0.05)
+    return members, group_members(pgid, not_before)
+
+
+# -- sampler and telemetry ------------------------------------------------------------------
+
+def whole_disks() -> set[str]:
+    """Block devices that are whole physical disks: /sys/block (no partitions) minus
+    virtual devices (loop, ram, zram, device-mapper, md), whose reads would count the
+    same bytes twice."""
+    try:
+        names = os.listdir("/sys/block")
+    except OSError:
+        return set()
+    return {n for n in names if "/virtual/" not in os.path.realpath(f"/sys/block/{n}")}
+
+
+def disk_sectors_read() -> int:
+    disks = whole_disks()
+    total = 0
+    for line in (read_text("/proc/diskstats") or "").splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[2] in disks:
+            total += int(fields[5])
+    return total
+
+
+def net_bytes() -> dict[str, tuple[int, int]]:
+    counters: dict[str, tuple[int, int]] = {}
+    for line in (read_text("/proc/net/dev") or "").splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        name = name.strip()
+        if name == "lo" or len(fields) < 9:
+            continue
+        counters[name] = (int(fields[0]), int(fields[8]))
+    return counters
+
+
+def cpu_ticks() -> list[int]:
+    """Aggregate jiffies: user nice system idle iowait irq softirq steal."""
+    for line in (read_text("/proc/stat") or "").splitlines():
+        if line.startswith("cpu "):
+            ticks = [int(x) for x in line.split()[1:9]]
+            return ticks + [0] * (8 - len(ticks))
+    return [0] * 8
+
+
+def compiler_processes() -> int:
+    count = 0
+    for pid in process_ids():
+        comm = read_text(f"/proc/{pid}/comm")
+        if comm is not None and comm.strip() in COMPILERS:
+            count += 1
+    return count
+
+
+def gpu_utilisation() -> float | None:
+    rows = nvidia_smi("utilization.gpu", "--format=csv,noheader,nounits")
+    values = []
+    for row in rows or []:
+        try:
+            values.append(float(row[0]))
+        except (ValueError, IndexError):
+            continue
+    return round(sum(values) / len(values), 1) if values else None
+
+
+class Snapshot:
+    """Cumulative counters at one instant; a sample is the difference of two."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+        self.mono = time.monotonic()
+        self.cpu = cpu_ticks()
+        self.mem = meminfo()
+        self.sectors = disk_sectors_read()
+        self.net = net_bytes()
+        self.compilers = compiler_processes()
+        self.gpu_util = gpu_utilisation()
+
+
+def sample(prev: Snapshot, cur: Snapshot) -> dict[str, Any]:
+    dt = max(cur.mono - prev.mono, 1e-6)
+    # Counters can step back (iowait does on some kernels; a NIC reset zeroes its own):
+    # a negative delta is read as no activity.
+    d = [max(0, cur.cpu[i] - prev.cpu[i]) for i in range(len(cur.cpu))]
+    total = sum(d)
+    if total:
+        cpu = {
+            "user": round(100.0 * (d[0] + d[1]) / total, 2),  # nice is user work too
+            "system": round(100.0 * (d[2] + d[5] + d[6]) / total, 2),  # with irq, softirq
+            "iowait": round(100.0 * d[4] / total, 2),
+            "idle": round(100.0 * d[3] / total, 2),
+        }
+    else:
+        cpu = {"user": 0.0, "system": 0.0, "iowait": 0.0, "idle": 100.0}
+    net = {}
+    for name, (rx, tx) in sorted(cur.net.items()):
+        if name in prev.net:
+            prx, ptx = prev.net[name]
+            net[name] = {
+                "rx_mbps": round(max(0, rx - prx) * 8 / 1e6 / dt, 3),
+                "tx_mbps": round(max(0, tx - ptx) * 8 / 1e6 / dt, 3),
+            }
+    mem = cur.mem
+    return {
+        "t": round(cur.t, 3),
+        "cpu": cpu,
+        "mem": {
+            "available_kib": mem.get("MemAvailable", 0),
+            "cached_kib": mem.get("Cached", 0),
+            "swap_used_kib": max(0, mem.get("SwapTotal", 0) - mem.get("SwapFree", 0)),
+        },
+        "disk_read_mbps": round(max(0, cur.sectors - prev.sectors) * SECTOR_BYTES / 1e6 / dt, 3),
+        "net": net,
+        "compilers": cur.compilers,
+        "gpu_util": cur.gpu_util,
+    }
+
+
+class SamplerStopped(Exception):
+    pass
+
+
+def raise_stopped(signum: int, frame: object) -> NoReturn:
+    raise SamplerStopped
+
+
+def run_sampler(out_fd: int, interval: float) -> None:
+    prev = Snapshot()
+    due = prev.mono
+    while True:
+        due += interval
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            due = time.monotonic()  # fell behind (a slow nvidia-smi): skip, don't burst
+        cur = Snapshot()
+        # One write(2) on an O_APPEND descriptor: a reader never sees half a line from a
+        # sample that was interrupted, and concurrent readers see whole lines or none.
+        os.write(out_fd, (json.dumps(sample(prev, cur), separators=(",", ":")) + "\n").encode())
+        prev = cur
+
+
+def sampler_pidfile(out: str) -> str:
+    return f"{out}.pid"
+
+
+def running_sampler(out: str) -> dict[str, Any] | None:
+    record = read_json(sampler_pidfile(out))
+    if record is None or record.get("boot_id") != boot_id():
+        return None
+    pid = record.get("pid")
+    if not isinstance(pid, int) or not is_running(pid, record.get("starttime")):
+        return None
+    return record
+
+
+def sampler_start(args: argparse.Namespace) -> dict[str, Any]:
+    out = os.path.abspath(args.out)
+    existing = running_sampler(out)
+    if existing is not None:
+        # One sampler per file; a second start keeps the first (and its interval).
+        return {"pid": existing["pid"], "out": out}
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        out_fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        raise AgentError("io_error",
+                         f"sampler start: cannot open --out {out!r}: {exc.strerror}") from exc
+    interval = args.interval
+    pidfile = sampler_pidfile(out)
+
+    def body(ready: ReadyPipe) -> None:
+        signal.signal(signal.SIGTERM, raise_stopped)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        me = os.getpid()
+        st = proc_stat(me)
+        write_json_atomic(pidfile, {
+            "pid": me, "starttime": st.starttime if st else None, "boot_id": boot_id(),
+            "out": out, "interval": interval, "started": time.time(),
+        })
+        ready.send({"pid": me})
+        try:
+            run_sampler(out_fd, interval)
+        except SamplerStopped:
+            pass
+        finally:
+            record = read_json(pidfile)
+            if record is not None and record.get("pid") == me:
+                os.unlink(pidfile)
+
+    message = detach(body)
+    os.close(out_fd)
+    if "error" in message:
+        raise AgentError("io_error", f"sampler start: {message['error']}")
+    return {"pid": message["pid"], "out": out}
+
+
+def sampler_stop(args: argparse.Namespace) -> dict[str, Any]:
+    out = os.path.abspath(args.out)
+    record = running_sampler(out)
+    if record is None:
+        return {"stopped": False}
+    pid, starttime = record["pid"], record.get("starttime")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + SAMPLER_STOP_WAIT_S
+        while time.monotonic() < deadline and is_running(pid, starttime):
+            time.sleep(0.05)
+        if not is_running(pid, starttime):
+            break
+    if is_running(pid, starttime):
+        raise AgentError("stop_failed", f"sampler stop: process {pid} survived SIGKILL")
+    with contextlib.suppress(FileNotFoundError):  # the sampler removes it on SIGTERM
+        os.unlink(sampler_pidfile(out))
+    return {"stopped": True}
+
+
+def telemetry(args: argparse.Namespace) -> dict[str, Any]:
+    out = os.path.abspath(args.out)
+    samples = []
+    try:
+        with open(out, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        data = b""
+    except OSError as exc:
+        raise AgentError("io_error",
+                         f"telemetry: cannot read --out {out!r}: {exc.strerror}") from exc
+    for line in data.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue  # a torn last line from a sampler killed mid-write
+        t = obj.get("t") if isinstance(obj, dict) else None
+        if isinstance(t, (int, float)) and t > args.since:
+            samples.append(obj)
+    return {"samples": samples, "running": running_sampler(out) is not None}
+
+
+# -- the engine ---------------------------------------------------------------------------
+
+def work_dir(args: argparse.Namespace) -> str:
+    return os.path.abspath(args.work_dir or os.path.dirname(agent_file()))
+
+
+def load_spec(path: str, base: str) -> dict[str, Any]:
+    """The launch spec, checked field by field; relative paths resolve against `base`."""
+    text = read_text(path)
+    if text is None:
+        raise AgentError("not_found", f"launch: no readable spec at --spec {path!r}")
+    try:
+        spec = json.loads(text)
+    except ValueError as exc:
+        raise AgentError("invalid_spec", f"launch: {path} is not JSON: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise AgentError("invalid_spec", f"launch: {path} must hold a JSON object")
+
+    def bad(field: str, what: str) -> AgentError:
+        return AgentError("invalid_spec", f"spec.{field}: {what}, got {spec.get(field)!r}")
+
+    if spec.get("schema") != LAUNCH_SCHEMA:
+        raise bad("schema", f"must be {LAUNCH_SCHEMA!r}")
+    argv = spec.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise bad("argv", "must be a non-empty list of strings")
+    env = spec.get("env", {})
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise bad("env", "must map variable names to string values")
+    log_file = spec.get("log_file")
+    if not isinstance(log_file, str) or not log_file:
+        raise bad("log_file", "must be a file path")
+    cwd = spec.get("cwd", base)
+    if not isinstance(cwd, str):
+        raise bad("cwd", "must be a directory path")
+    cwd = os.path.join(base, cwd)
+    if not os.path.isdir(cwd):
+        raise bad("cwd", "must be an existing directory")
+    return {**spec, "env": env, "cwd": cwd, "log_file": os.path.join(base, log_file)}
+
+
+def engine_record(wd: str) -> dict[str, Any] | None:
+    """The launch record, if it was written since the node last booted."""
+    record = read_json(os.path.join(wd, ENGINE_RECORD))
+    if record is None or record.get("boot_id") != boot_id():
+        return None
+    return record
+
+
+def engine_running(record: dict[str, Any]) -> bool:
+    return is_running(record["pid"], record.get("starttime"))
+
+
+def ignore_signal(signum: int, frame: object) -> None:
+    # A handler rather than SIG_IGN: handlers reset to default on exec, SIG_IGN would be
+    # inherited by the engine and make it deaf to stop.
+    pass
+
+
+def launch(args: argparse.Namespace) -> dict[str, Any]:
+    wd = work_dir(args)
+    if not os.path.isdir(wd):
+        raise AgentError("not_found", f"launch: --work-dir {wd!r} is not a directory")
+    spec = load_spec(args.spec, wd)
+    current = engine_record(wd)
+    if current is not None and engine_running(current):
+        raise AgentError("already_running",
+                         f"launch: an engine already runs here (pid {current['pid']}); "
+                         "run `stop` first")
+    try:
+        os.makedirs(os.path.dirname(spec["log_file"]), exist_ok=True)
+        log_fd = os.open(spec["log_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        raise AgentError("io_error", f"spec.log_file: cannot open {spec['log_file']!r}: "
+                         f"{exc.strerror}") from exc
+    record_path = os.path.join(wd, ENGINE_RECORD)
+    exit_path = os.path.join(wd, ENGINE_EXIT)
+    env = dict(os.environ)
+    env.update(spec["env"])
+    argv = spec["argv"]
+
+    def supervise(ready: ReadyPipe) -> None:
+        # The supervisor leads the engine's process group: `stop` signals the group, and
+        # the supervisor survives SIGTERM long enough to record the engine's exit code.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, ignore_signal)
+        me = os.getpid()
+        me_stat = proc_stat(me)
+        with contextlib.suppress(OSError):
+            os.unlink(exit_path)  # the previous engine's
+        started = time.time()
+        try:
+            # A list argv and no shell: every argument reaches the engine as written.
+            proc = subprocess.Popen(
+                argv, env=env, cwd=spec["cwd"], stdin=subprocess.DEVNULL, stdout=log_fd,
+                stderr=subprocess.STDOUT, close_fds=True,
+            )
+        except OSError as exc:
+            raise AgentError("launch_failed", f"cannot start {argv[0]!r}: {exc.strerror or exc} "
+                             "(spec.argv[0] must be an executable on the node's PATH)") from exc
+        os.close(log_fd)
+        st = proc_stat(proc.pid)
+        boot = boot_id()
+        try:
+            write_json_atomic(record_path, {
+                "pid": proc.pid, "starttime": st.starttime if st else None,
+                "pgid": me, "group_since": me_stat.starttime if me_stat else 0,
+                "boot_id": boot, "started": started, "log_file": spec["log_file"],
+                "spec": os.path.abspath(args.spec), "argv": argv,
+            })
+        except OSError:
+            # An engine that stop and status cannot find must not keep running.
+            proc.kill()
+            proc.wait()
+            raise
+        ready.send({"pid": proc.pid, "started": started})
+        code = proc.wait()
+        write_json_atomic(exit_path, {"pid": proc.pid, "exit_code": code, "ended": time.time(),
+                                      "boot_id": boot})
+
+    message = detach(supervise)
+    os.close(log_fd)
+    if "error" in message:
+        raise AgentError("launch_failed", f"launch: {message['error']}")
+    return {"pid": message["pid"], "log_file": spec["log_file"], "started": message["started"]}
+
+
+def stop(args: argparse.Namespace) -> dict[str, Any]:
+    record = engine_record(work_dir(args))
+    if record is None:
+        return {"stopped": []}
+    found, left = terminate_group(int(record["pgid"]), int(record.get("group_since") or 0),
+                                  args.grace)
+    if left:
+        raise AgentError("stop_failed", f"stop: processes {left} survived SIGKILL "
+                         "(uninterruptible I/O?); check them on the node")
+    return {"stopped": found}
+
+
+def status(args: argparse.Namespace) -> dict[str, Any]:
+    wd = work_dir(args)
+    record = engine_record(wd)
+    if record is None:
+        return {"running": False, "pid": None, "exit_code": None}
+    running = engine_running(record)
+    exit_code = None
+    if not running:
+        ended = read_json(os.path.join(wd, ENGINE_EXIT))
+        if ended is not None and ended.get("pid") == record["pid"] \
+                and ended.get("boot_id") == record.get("boot_id"):
+            exit_code = ended.get("exit_code")
+    return {"running": running, "pid": record["pid"], "exit_code": exit_code}
+
+
+# -- logs ---------------------------------------------------------------------------------
+
+def utf8_complete(chunk: bytes) -> int:
+    """Length of `chunk` without a trailing, incomplete UTF-8 sequence, so that the next
+    read starts on a character boundary instead of splitting one into two U+FFFDs."""
+    for back in range(1, min(4, len(chunk)) + 1):
+        byte = chunk[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII)
+            need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 \
+                else 4 if byte >> 3 == 0b11110 else 1
+            return len(chunk) - back if need > back else len(chunk)
+    return len(chunk)
+
+
+def logs(args: argparse.Namespace) -> dict[str, Any]:
+    path = os.path.abspath(args.file)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            # An offset past the end means the file was truncated or replaced (a new
+            # launch): start again from its beginning.
+            start = args.since if args.since <= size else 0
+            f.seek(start)
+            chunk = f.read(min(args.max, size - start))
+    except FileNotFoundError:
+        raise AgentError("not_found", f"logs: no file at --file {path!r}") from None
+    except OSError as exc:
+        raise AgentError("io_error", f"logs: cannot read --file {path!r}: {exc.strerror}") from exc
+    keep = utf8_complete(chunk)
+    # Hold back a split character unless --max is smaller than one character and more
+    # follows, where holding back would never make progress.
+    if keep > 0 or start + len(chunk) >= size:
+        chunk = chunk[:keep]
+    return {"path": path, "offset": start, "next_offset": start + len(chunk), "size": size,
+            "text": chunk.decode("utf-8", "replace")}
+
+
+# -- page cache ---------------------------------------------------------------------------
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_caches(args: argparse.Namespace) -> dict[str, Any]:
+    hint = ("dropping the page cache needs root on a host whose /proc/sys is writable "
+            "(containers usually mount it read-only); without it a start is not cold")
+    if os.geteuid() != 0:
+        raise AgentError("not_permitted", f"drop-caches: running as uid {os.geteuid()}; {hint}")
+    before = meminfo().get("Cached", 0)
+    os.sync()  # dirty pages cannot be dropped; write them back first
+    try:
+        with open(DROP_CACHES, "w") as f:
+            f.write("3\n")
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
+            raise AgentError("not_permitted", f"drop-caches: cannot write 3 to {DROP_CACHES}: "
+                             f"{exc.strerror}; {hint}") from exc
+        raise
+    return {"dropped": True, "mem_cached_kib_before": before,
+            "mem_cached_kib_after": meminfo().get("Cached", 0)}
+
+
+# -- FP4 probe ----------------------------------------------------------------------------
+
+def e4m3_values(low: float, high: float) -> list[float]:
+    """Positive normal FP8 E4M3 numbers in [low, high]: 1.mmm x 2^e, 3 mantissa bits."""
+    found = []
+    for exp in range(-6, 9):
+        for mant in range(8):
+            v = (1 + mant / 8) * 2.0 ** exp
+            if low <= v <= high and v <= E4M3_MAX:
+                found.append(v)
+    return found
+
+
+def probe_operand(rng: random.Random, rows: int, k: int
+                  ) -> tuple[list[list[float]], list[list[float]]]:
+    """A matrix built from NVFP4 parts, so any correct NVFP4 quantizer recovers exactly
+    these E2M1 values and E4M3 block scales: every block holds a +-6 (its scale is then
+    amax / 6) and the first block's scale is E4M3's largest, 448 (so the per-tensor scale
+    that quantizers derive from the tensor's amax is the one used here)."""
+    scales_pool = e4m3_values(16.0, E4M3_MAX)
+    values = []
+    scales = []
+    for r in range(rows):
+        row_values: list[float] = []
+        row_scales = []
+        for b in range(k // NVFP4_BLOCK):
+            block = [rng.choice(E2M1_MAGNITUDES) * rng.choice((1.0, -1.0))
+                     for _ in range(NVFP4_BLOCK)]
+            block[rng.randrange(NVFP4_BLOCK)] = rng.choice((6.0, -6.0))
+            row_values.extend(block)
+            row_scales.append(E4M3_MAX if (r, b) == (0, 0) else rng.choice(scales_pool))
+        values.append(row_values)
+        scales.append(row_scales)
+    return values, scales
+
+
+def dequantize(values: list[list[float]], scales: list[list[float]], global_scale: float
+               ) -> list[list[float]]:
+    return [[v * scales[r][j // NVFP4_BLOCK] * global_scale for j, v in enumerate(row)]
+            for r, row in enumerate(values)]
+
+
+def probe_inputs(seed: int, size: int) -> dict[str, Any]:
+    """A (size x size, NVFP4 parts) and B (size x size floats, exactly NVFP4-representable)
+    for seed; output = dequant(A) @ B^T. Deterministic on every machine."""
+    rng = random.Random(seed)
+    a_values, a_scales = probe_operand(rng, size, size)
+    b_values, b_scales = probe_operand(rng, size, size)
+    return {
+        "a_fp4": {"values": a_values, "block_scales": a_scales,
+                  "global_scale": FP4_PROBE_GLOBAL_SCALE, "block_size": NVFP4_BLOCK},
+        "b": dequantize(b_values, b_scales, FP4_PROBE_GLOBAL_SCALE),
+    }
+
+
+def fp4_probe(args: argparse.Namespace) -> dict[str, Any]:
+    unsupported = AgentError("unsupported", "fp4-probe needs torch with a CUDA GPU; none here")
+    try:
+        import torch
+    except ImportError:
+        raise unsupported from None
+    if not torch.cuda.is_available():
+        raise unsupported
+    if args.backend not in FP4_BACKENDS:
+        raise AgentError("unsupported", f"fp4-probe: --backend {args.backend!r} is not one this "
+                         f"agent runs; accepted: {', '.join(FP4_BACKENDS)}")
+    inputs = probe_inputs(args.seed, args.size)
+    output = run_fp4_gemm(torch, args.backend, inputs)
+    return {"backend": args.backend, "m": args.size, "n": args.size, "k": args.size, **inputs,
+            "output": output}
+
+
+def run_fp4_gemm(torch: Any, backend: str, inputs: dict[str, Any]) -> list[list[float]]:
+    dev = torch.device("cuda")
+    a_fp4 = inputs["a_fp4"]
+    g = a_fp4["global_scale"]
+    a = torch.tensor(dequantize(a_fp4["values"], a_fp4["block_scales"], g), device=dev)
+    b = torch.tensor(inputs["b"], device=dev)
+    if backend == "reference":
+        return [[float(x) for x in row] for row in (a.double() @ b.double().T).tolist()]
+    a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)  # exact: see probe_operand
+    # Engines' convention: the quantizer takes the inverse per-tensor scale
+    # (448 * 6 / amax) and the GEMM multiplies by alpha = 1 / (inverse_a * inverse_b).
+    inv_a = (E4M3_MAX * 6.0 / a16.abs().max().float()).reshape(1)
+    inv_b = (E4M3_MAX * 6.0 / b16.abs().max().float()).reshape(1)
+    alpha = 1.0 / (inv_a * inv_b)
+    if backend == "cutlass":
+        from vllm import _custom_ops as ops
+
+        qa, sa = ops.scaled_fp4_quant(a16, inv_a)
+        qb, sb = ops.scaled_fp4_quant(b16, inv_b)
+        out = ops.cutlass_scaled_fp4_mm(qa, qb, sa, sb, alpha, torch.bfloat16)
+    else:  # flashinfer_cutlass
+        import flashinfer
+
+        qa, sa = flashinfer.fp4_quantize(a16, inv_a)
+        qb, sb = flashinfer.fp4_quantize(b16, inv_b)
+        out = flashinfer.mm_fp4(qa, qb.T, sa, sb.T, alpha, torch.bfloat16, backend="cutlass")
+    return [[float(x) for x in row] for row in out.float().tolist()]
+
+
+# -- command line -------------------------------------------------------------------------
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises a usage AgentError instead of printing and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise usage_error(f"{self.prog}: {message} ({self.format_usage().strip()})")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a number (epoch seconds), got {text!r}")
+    return value
+
+
+def probe_size(text: str) -> int:
+    value = non_negative_int(text)
+    if value == 0 or value % 128:
+        raise argparse.ArgumentTypeError(f"must be a positive multiple of 128, got {text!r}")
+    return value
+
+
+if TYPE_CHECKING:  # annotation only: subscripting collections.abc fails on Python 3.8
+    Handler = Callable[[argparse.Namespace], dict[str, Any]]
+
+
+def parser_for(verb: str) -> tuple[Parser, Handler]:
+    p = Parser(prog=f"agent.py {verb}", add_help=False, allow_abbrev=False)
+    p.add_argument("--json", action="store_true", help="print one compact JSON line")
+    handler: Handler
+    if verb == "self-check":
+        handler = self_check
+    elif verb == "facts":
+        p.add_argument("--model-dir", required=True, metavar="P")
+        handler = facts
+    elif verb == "sampler start":
+        p.add_argument("--out", required=True, metavar="FILE")
+        p.add_argument("--interval", type=positive_float, default=1.0, metavar="S")
+        handler = sampler_start
+    elif verb == "sampler stop":
+        p.add_argument("--out", required=True, metavar="FILE")
+        handler = sampler_stop
+    elif verb == "telemetry":
+        p.add_argument("--out", required=True, metavar="FILE")
+        p.add_argument("--since", type=finite_float, default=0.0, metavar="T")
+        handler = telemetry
+    elif verb in ("launch", "stop", "status"):
+        if verb == "launch":
+            p.add_argument("--spec", required=True, metavar="FILE")
+        if verb == "stop":
+            p.add_argument("--grace", type=positive_float, default=DEFAULT_GRACE_S, metavar="S")
+        p.add_argument("--work-dir", metavar="DIR", default=None)
+        handler = {"launch": launch, "stop": stop, "status": status}[verb]
+    elif verb == "logs":
+        p.add_argument("--file", required=True, metavar="F")
+        p.add_argument("--since", type=non_negative_int, required=True, metavar="OFFSET")
+        p.add_argument("--max", type=non_negative_int, default=DEFAULT_LOG_MAX, metavar="BYTES")
+        handler = logs
+    elif verb == "drop-caches":
+        handler = drop_caches
+    else:  # fp4-probe
+        p.add_argument("--backend", required=True, metavar="B")
+        p.add_argument("--seed", type=int, required=True, metavar="N")
+        p.add_argument("--size", type=probe_size, default=128, metavar="M")
+        handler = fp4_probe
+    return p, handler
+
+
+def parse(argv: Sequence[str]) -> tuple[str, Handler, argparse.Namespace]:
+    words = [a for a in argv if a != "--json"]
+    if not words or words[0] not in VERBS:
+        given = f"unknown verb {words[0]!r}" if words else "no verb given"
+        raise usage_error(f"{given}; accepted verbs: {', '.join(VERBS)} "
+                          "(sampler takes start or stop)")
+    verb = words[0]
+    rest = list(argv)
+    rest.remove(verb)
+    if verb == "sampler":
+        action = words[1] if len(words) > 1 else None
+        if action not in SAMPLER_ACTIONS:
+            raise usage_error(f"sampler: expected start or stop, got {action!r} "
+                              "(sampler start --out FILE [--interval S] | sampler stop --out FILE)")
+        verb = f"sampler {action}"
+        rest.remove(action)
+    p, handler = parser_for(verb)
+    return verb, handler, p.parse_args(rest)
+
+
+def emit(envelope: dict[str, Any], compact: bool) -> None:
+    if compact:
+        text = json.dumps(envelope, separators=(",", ":"), allow_nan=False)
+    else:
+        text = json.dumps(envelope, indent=2, allow_nan=False)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def verb_named(argv: Sequence[str]) -> str | None:
+    words = [a for a in argv if a != "--json"]
+    if not words:
+        return None
+    if words[0] == "sampler" and len(words) > 1 and words[1] in SAMPLER_ACTIONS:
+        return f"sampler {words[1]}"
+    return words[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    compact = "--json" in argv
+    verb = verb_named(argv)
+    try:
+        verb, handler, args = parse(argv)
+        data = handler(args)
+    except AgentError as exc:
+        emit({"schema": SCHEMA, "verb": verb, "ok": False,
+              "error": {"code": exc.code, "message": exc.message}}, compact)
+        return exc.exit_status
+    except Exception as exc:  # the envelope must still be JSON, whatever broke
+        emit({"schema": SCHEMA, "verb": verb, "ok": False,
+              "error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}}, compact)
+        return 1
+    emit({"schema": SCHEMA, "verb": verb, "ok": True, "data": data}, compact)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

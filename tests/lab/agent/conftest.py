@@ -1,0 +1,91 @@
+"""Runs the real agent.py as a subprocess, the way the platform runs it on a node, and
+checks every answer against lab/agent/schema.json before a test looks at it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.agent import AGENT_PATH, validate_response
+
+
+@dataclass
+class Answer:
+    exit_status: int
+    envelope: dict[str, Any]
+    stderr: str
+
+    @property
+    def data(self) -> dict[str, Any]:
+        assert self.envelope["ok"], self.envelope
+        return self.envelope["data"]
+
+    @property
+    def error(self) -> dict[str, str]:
+        assert not self.envelope["ok"], self.envelope
+        return self.envelope["error"]
+
+
+def run_agent(*args: str, env: dict[str, str] | None = None, python: str = sys.executable,
+              timeout: float = 60) -> Answer:
+    res = subprocess.run([python, str(AGENT_PATH), *args, "--json"], capture_output=True,
+                         text=True, timeout=timeout, env=env)
+    lines = res.stdout.splitlines()
+    assert len(lines) == 1, f"expected one JSON line, got {res.stdout!r} (stderr {res.stderr!r})"
+    envelope = json.loads(lines[0])
+    validate_response(envelope)
+    return Answer(res.returncode, envelope, res.stderr)
+
+
+@pytest.fixture
+def agent() -> Callable[..., Answer]:
+    return run_agent
+
+
+def proc_alive(pid: int) -> bool:
+    """Read independently of the agent: a pid is alive unless gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture
+def work_dir(tmp_path: Path) -> Iterator[Path]:
+    """A node work dir; whatever engine a test launched there is stopped afterwards."""
+    wd = tmp_path / "work"
+    wd.mkdir()
+    yield wd
+    run_agent("stop", "--work-dir", str(wd), "--grace", "1")
+
+
+def write_spec(path: Path, argv: Sequence[str], log_file: str, env: dict[str, str] | None = None,
+               **extra: Any) -> Path:
+    spec = {"schema": "lab.launch/1", "engine": "vllm", "node": "spark-01", "role": "head",
+            "rank": 0, "argv": list(argv), "env": env or {}, "log_file": log_file, **extra}
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def read_pid_file(path: Path, timeout: float = 10.0) -> int:
+    assert wait_until(lambda: path.exists() and path.read_text().strip() != "", timeout), path
+    return int(path.read_text())
+

@@ -1,0 +1,162 @@
+"""launch, status and stop: the engine runs detached, never through a shell, and stop
+takes its whole process group."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tests.lab.agent.conftest import proc_alive, read_pid_file, run_agent, wait_until, write_spec
+
+PRINT_ARGV_AND_ENV = (
+    "import json, os, sys, time\n"
+    "print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),\n"
+    "                  'probe': os.environ.get('DIAG_PROBE'), 'path': os.environ.get('PATH')}),\n"
+    "      flush=True)\n"
+    "print('to stderr', file=sys.stderr, flush=True)\n"
+    "time.sleep(60)\n"
+)
+HOSTILE = ["$(touch owned)", "; rm -rf ~ ; touch owned", "`touch owned`", "a b", "*", "'\""]
+
+
+def _launch(work_dir: Path, argv: list[str], **spec: object) -> dict:
+    log = spec.pop("log_file", str(work_dir / "logs" / "engine.log"))
+    path = write_spec(work_dir / "spec.json", argv, str(log), **spec)  # type: ignore[arg-type]
+    return run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir)).data
+
+
+def test_it_runs_the_argv_without_a_shell_and_adds_the_spec_env(work_dir: Path) -> None:
+    data = _launch(work_dir, [sys.executable, "-c", PRINT_ARGV_AND_ENV, *HOSTILE],
+                   env={"DIAG_PROBE": "$HOME is not expanded"})
+    log = Path(data["log_file"])
+    assert log == work_dir / "logs" / "engine.log"
+    assert wait_until(lambda: log.exists() and "to stderr" in log.read_text())
+    printed = json.loads(log.read_text().splitlines()[0])
+    assert printed["argv"] == HOSTILE
+    assert printed["probe"] == "$HOME is not expanded"
+    assert printed["path"]  # the agent's own environment is kept beneath the spec's
+    assert printed["cwd"] == str(work_dir)  # no cwd in the spec: the work dir
+    for place in (work_dir, Path.cwd(), Path.home(), Path(log).parent):
+        assert not (place / "owned").exists()
+
+
+def test_it_reports_the_pid_and_start_time_on_the_node_clock(work_dir: Path) -> None:
+    before = time.time()
+    data = _launch(work_dir, [sys.executable, "-c", "import time; time.sleep(60)"])
+    assert before <= data["started"] <= time.time()
+    assert proc_alive(data["pid"])
+    assert run_agent("status", "--work-dir", str(work_dir)).data == {
+        "running": True, "pid": data["pid"], "exit_code": None}
+
+
+def test_it_appends_to_an_existing_log_and_uses_the_spec_cwd(work_dir: Path, tmp_path: Path) -> None:
+    log = work_dir / "engine.log"
+    log.write_text("earlier start\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _launch(work_dir, [sys.executable, "-c", "import os; print(os.getcwd())"],
+            log_file="engine.log", cwd=str(elsewhere))
+    assert wait_until(lambda: log.read_text().count("\n") == 2)
+    assert log.read_text() == f"earlier start\n{elsewhere}\n"
+
+
+def test_status_reports_the_exit_code_of_an_engine_that_ended(work_dir: Path) -> None:
+    data = _launch(work_dir, [sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert wait_until(lambda: run_agent("status", "--work-dir", str(work_dir)).data["exit_code"] == 3)
+    assert run_agent("status", "--work-dir", str(work_dir)).data == {
+        "running": False, "pid": data["pid"], "exit_code": 3}
+
+
+def test_status_before_any_launch_knows_nothing(work_dir: Path) -> None:
+    assert run_agent("status", "--work-dir", str(work_dir)).data == {
+        "running": False, "pid": None, "exit_code": None}
+
+
+def test_stop_takes_the_whole_process_group(work_dir: Path) -> None:
+    child_pid_file = work_dir / "child.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(child_pid_file)!r}, 'w').write(str(c.pid))\n"
+        "time.sleep(60)\n"
+    )
+    engine = _launch(work_dir, [sys.executable, "-c", script])["pid"]
+    grandchild = read_pid_file(child_pid_file)
+    stopped = run_agent("stop", "--work-dir", str(work_dir)).data["stopped"]
+    assert {engine, grandchild} <= set(stopped)
+    assert not proc_alive(engine) and not proc_alive(grandchild)
+    status = run_agent("status", "--work-dir", str(work_dir)).data
+    assert status == {"running": False, "pid": engine, "exit_code": -15}  # killed by SIGTERM
+
+
+def test_stop_kills_an_engine_that_ignores_sigterm_after_the_grace_period(work_dir: Path) -> None:
+    ready = work_dir / "ready"
+    script = ("import signal, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              f"open({str(ready)!r}, 'w').write('1')\n"
+              "time.sleep(60)\n")
+    engine = _launch(work_dir, [sys.executable, "-c", script])["pid"]
+    read_pid_file(ready)
+    began = time.monotonic()
+    stopped = run_agent("stop", "--work-dir", str(work_dir), "--grace", "1").data["stopped"]
+    took = time.monotonic() - began
+    assert engine in stopped
+    assert not proc_alive(engine)
+    assert 1.0 <= took < 10, took
+
+
+def test_stop_with_nothing_running_stops_nothing(work_dir: Path) -> None:
+    assert run_agent("stop", "--work-dir", str(work_dir)).data == {"stopped": []}
+
+
+def test_it_refuses_a_second_launch_while_an_engine_runs(work_dir: Path) -> None:
+    first = _launch(work_dir, [sys.executable, "-c", "import time; time.sleep(60)"])["pid"]
+    path = write_spec(work_dir / "spec2.json", [sys.executable, "-c", "pass"], "second.log")
+    ans = run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir))
+    assert ans.exit_status == 1
+    assert ans.error["code"] == "already_running"
+    assert str(first) in ans.error["message"]
+    assert proc_alive(first)
+
+
+def test_it_reports_an_engine_that_cannot_be_started(work_dir: Path) -> None:
+    path = write_spec(work_dir / "spec.json", ["/nonexistent/vllm", "serve"], "engine.log")
+    ans = run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir))
+    assert ans.exit_status == 1
+    assert ans.error["code"] == "launch_failed"
+    assert "'/nonexistent/vllm'" in ans.error["message"]
+    assert "No such file or directory" in ans.error["message"]
+
+
+def test_it_names_the_spec_field_that_is_wrong(work_dir: Path) -> None:
+    cases = {
+        "argv": {"argv": "vllm serve /models/kimi-k2"},
+        "env": {"env": {"NCCL_SOCKET_IFNAME": 1}},
+        "schema": {"schema": "lab.launch/2"},
+        "cwd": {"cwd": str(work_dir / "missing")},
+    }
+    for field, change in cases.items():
+        spec = {"schema": "lab.launch/1", "argv": ["true"], "env": {}, "log_file": "x.log",
+                **change}
+        path = work_dir / f"{field}.json"
+        path.write_text(json.dumps(spec))
+        ans = run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir))
+        assert ans.error["code"] == "invalid_spec", field
+        assert ans.error["message"].startswith(f"spec.{field}:"), ans.error["message"]
+
+
+def test_it_says_when_the_spec_file_is_missing(work_dir: Path) -> None:
+    ans = run_agent("launch", "--spec", str(work_dir / "nope.json"), "--work-dir", str(work_dir))
+    assert ans.error["code"] == "not_found"
+    assert "nope.json" in ans.error["message"]
+
+
+def test_it_refuses_a_work_dir_that_does_not_exist(tmp_path: Path) -> None:
+    path = write_spec(tmp_path / "spec.json", [sys.executable, "-c", "pass"], "engine.log")
+    missing = tmp_path / "no-such-dir"
+    ans = run_agent("launch", "--spec", str(path), "--work-dir", str(missing))
+    assert ans.error["code"] == "not_found"
+    assert str(missing) in ans.error["message"]
+    assert not missing.exists()

@@ -1,0 +1,143 @@
+"""vLLM and SGLang: configuration <-> launch commands, and engine log parsing.
+
+`render` turns a normalized configuration into one `lab.launch/1` spec per node;
+`parse_launch` reads such an argv back (the simulated engine uses it to learn what it
+was started with, and fails like the real engine on a bad flag); `parse_command` reads
+a command a customer pasted; `parse_log` turns engine log lines into events. Fields a
+command line cannot carry are listed in `UNCARRIED`; `launch_view` drops them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lab.config import ConfigError, normalize_config
+from lab.engines.base import (
+    UNCARRIED,
+    Engine,
+    EngineArgError,
+    ParsedLaunch,
+    jit_cache_env,
+    launch_spec,
+    launch_view,
+    nodes_used,
+    split_launch_env,
+)
+from lab.engines.command import split_command
+from lab.engines.logs import Event, parse_lines
+from lab.engines.sglang import Sglang
+from lab.engines.vllm import Vllm
+from lab.inventory import Node
+
+__all__ = [
+    "UNCARRIED",
+    "EngineArgError",
+    "ParsedLaunch",
+    "check_extra_args",
+    "launch_view",
+    "parse_command",
+    "parse_launch",
+    "parse_log",
+    "parse_log_file",
+    "render",
+]
+
+ENGINES: dict[str, Engine] = {"vllm": Vllm(), "sglang": Sglang()}
+
+
+def _engine(name: str) -> Engine:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ValueError(f"engine {name!r} is not known; use one of {', '.join(ENGINES)}") from None
+
+
+def _detect(tokens: Sequence[str]) -> tuple[Engine, list[str]] | None:
+    for engine in ENGINES.values():
+        args = engine.invocation(tokens)
+        if args is not None:
+            return engine, args
+    return None
+
+
+def render(config: Mapping[str, Any], nodes: Sequence[Node]) -> list[dict[str, Any]]:
+    """One `lab.launch/1` spec per node used: the first tp × pp nodes, head first (rank 0)."""
+    config = normalize_config(config)
+    engine = _engine(config["engine"]["name"])
+    used = nodes_used(config, nodes)
+    head = used[0]
+    specs = []
+    for rank, node in enumerate(used):
+        argv = engine.argv(config, rank=rank, nnodes=len(used), head=head, node=node)
+        env = {**config["env"], **jit_cache_env(config["serving"]["jit_cache"], node)}
+        specs.append(launch_spec(engine.name, node, rank, argv, env))
+    return specs
+
+
+def parse_launch(argv: Sequence[str], env: Mapping[str, str]) -> ParsedLaunch:
+    """What an engine was launched with. `env` is the launch spec's env (not the whole
+    process environment: every variable in it lands in config.env). Raises EngineArgError
+    with the engine's own wording for anything the engine would refuse."""
+    found = _detect(argv)
+    if found is None:
+        program = argv[0] if argv else ""
+        raise EngineArgError(program, f"{program!r} does not launch vllm or sglang", program)
+    engine, args = found
+    raw, info = engine.read_args(args)
+    raw["env"], raw["serving"]["jit_cache"] = split_launch_env(env)
+    try:
+        config = normalize_config(raw)
+    except ConfigError as exc:
+        flag, problem = engine.value_problem(exc)
+        raise engine.table.error(flag, f"argument {flag}: {problem}") from None
+    return ParsedLaunch(config=config, engine=engine.name, node_rank=info.node_rank,
+                        nnodes=info.nnodes, headless=info.headless, host=info.host,
+                        port=info.port, master_addr=info.master_addr,
+                        master_port=info.master_port)
+
+
+def parse_command(text: str) -> dict[str, Any]:
+    """A pasted `vllm serve ...` / `python3 -m sglang.launch_server ...` command (with
+    NAME=value prefixes, continuations, quoting) -> a normalized configuration. Per-node
+    flags (--nnodes, --node-rank, --master-addr, --headless, --host, --port) are read and
+    ignored; the fields in UNCARRIED take their defaults. Raises ConfigError naming the
+    token at fault."""
+    env, tokens = split_command(text)
+    found = _detect(tokens)
+    if found is None:
+        culprit = " ".join(tokens[:2]) if tokens[0] == "vllm" else tokens[0]
+        raise ConfigError("launch_command", f"{culprit!r} does not start vllm or sglang; paste "
+                                            "'vllm serve MODEL ...' or 'python3 -m "
+                                            "sglang.launch_server ...'")
+    engine, args = found
+    try:
+        raw, _ = engine.read_args(args)
+    except EngineArgError as exc:
+        raise ConfigError("launch_command", engine.describe(exc)) from None
+    raw["env"], raw["serving"]["jit_cache"] = split_launch_env(env)
+    try:
+        return normalize_config(raw)
+    except ConfigError as exc:
+        if exc.field.startswith("env."):
+            raise ConfigError("launch_command", f"{exc.field[4:]}: {exc.problem}") from None
+        flag, problem = engine.value_problem(exc)
+        raise ConfigError("launch_command", f"{flag}: {problem}") from None
+
+
+def check_extra_args(engine: str, args: Sequence[str]) -> None:
+    """ConfigError unless `args` are known pass-through flags of `engine` (lab.config)."""
+    _engine(engine).check_extra_args(args)
+
+
+def parse_log(engine: str, lines: Iterable[str]) -> Iterator[Event]:
+    """DESIGN.md's parse-log events from an engine log, one line at a time."""
+    return parse_lines(lines, _engine(engine).log_matchers)
+
+
+def parse_log_file(engine: str, path: str | Path) -> Iterator[Event]:
+    """parse_log over a file (undecodable bytes replaced, not fatal)."""
+    matchers = _engine(engine).log_matchers
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
+        yield from parse_lines(handle, matchers)

@@ -1,0 +1,169 @@
+"""Rendering a configuration into one lab.launch/1 spec per node."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from lab.config import ConfigError, normalize_config
+from lab.engines import render
+from lab.inventory import Node
+from tests.lab.engines.conftest import spark_nodes
+
+REFERENCE = {
+    "engine": {"name": "vllm", "version": "0.29.1"},
+    "parallel": {"tp": 8, "pp": 1, "expert_parallel": True},
+    "serving": {"kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.85},
+    "speculative": {"method": "eagle3", "draft_model": "AQ-MedAI/Kimi-K2-Instruct-eagle3",
+                    "num_speculative_tokens": 4},
+}
+
+
+def flag_value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_one_spec_per_node_used_with_the_head_as_rank_0(sparks: list[Node]) -> None:
+    specs = render(normalize_config({**REFERENCE, "parallel": {"tp": 4, "pp": 1}}), sparks)
+    assert [(s["node"], s["rank"], s["role"]) for s in specs] == [
+        ("spark-01", 0, "head"), ("spark-02", 1, "worker"), ("spark-03", 2, "worker"),
+        ("spark-04", 3, "worker")]
+
+
+def test_the_head_goes_first_wherever_the_inventory_lists_it() -> None:
+    nodes = spark_nodes(4, head=2)
+    specs = render(normalize_config({"parallel": {"tp": 2}}), nodes)
+    assert [s["node"] for s in specs] == ["spark-03", "spark-01"]
+    assert flag_value(specs[1]["argv"], "--master-addr") == "10.10.0.3"
+
+
+def test_specs_follow_the_launch_contract(sparks: list[Node]) -> None:
+    spec = render(REFERENCE, sparks)[1]
+    assert spec["schema"] == "lab.launch/1"
+    assert spec["engine"] == "vllm"
+    assert spec["log_file"] == "/var/lib/diag-2/logs/engine.log"
+    assert spec["cwd"] == "/var/lib/diag-2"
+    json.dumps(spec)  # written to the node as JSON
+
+
+def test_vllm_multinode_flags_name_the_head_and_workers_run_headless(sparks: list[Node]) -> None:
+    head, worker = render(REFERENCE, sparks)[:2]
+    for spec, rank in ((head, "0"), (worker, "1")):
+        argv = spec["argv"]
+        assert argv[:3] == ["vllm", "serve", "/models/kimi-k2"]
+        assert flag_value(argv, "--nnodes") == "8"
+        assert flag_value(argv, "--node-rank") == rank
+        assert flag_value(argv, "--master-addr") == "10.10.0.1"
+        assert flag_value(argv, "--master-port") == "29500"
+        assert flag_value(argv, "--port") == "8000"
+    assert "--headless" not in head["argv"]
+    assert "--headless" in worker["argv"]
+
+
+def test_a_single_node_launch_has_no_multinode_flags(sparks: list[Node]) -> None:
+    (spec,) = render(normalize_config({}), sparks)
+    assert not {"--nnodes", "--node-rank", "--master-addr", "--headless"} & set(spec["argv"])
+
+
+def test_vllm_argv_carries_the_serving_fields(sparks: list[Node]) -> None:
+    config = normalize_config({
+        **REFERENCE,
+        "serving": {"max_model_len": 131072, "kv_cache_dtype": "bf16",
+                    "gpu_memory_utilization": 0.8, "enforce_eager": True,
+                    "load_format": "fastsafetensors", "safetensors_load_strategy": "eager",
+                    "moe_backend": "cutlass", "linear_backend": "marlin"},
+        "extra_args": ["--max-num-seqs", "2"],
+    })
+    argv = render(config, sparks)[0]["argv"]
+    assert flag_value(argv, "--served-model-name") == "moonshotai/Kimi-K2-Instruct-0905"
+    assert flag_value(argv, "--tensor-parallel-size") == "8"
+    assert flag_value(argv, "--pipeline-parallel-size") == "1"
+    assert "--enable-expert-parallel" in argv
+    assert flag_value(argv, "--max-model-len") == "131072"
+    assert flag_value(argv, "--kv-cache-dtype") == "bfloat16"
+    assert flag_value(argv, "--gpu-memory-utilization") == "0.8"
+    assert "--enforce-eager" in argv
+    assert flag_value(argv, "--load-format") == "fastsafetensors"
+    assert flag_value(argv, "--safetensors-load-strategy") == "eager"
+    assert flag_value(argv, "--moe-backend") == "cutlass"
+    assert flag_value(argv, "--linear-backend") == "marlin"
+    assert argv[-2:] == ["--max-num-seqs", "2"]
+
+
+def test_vllm_defaults_are_left_to_the_engine(sparks: list[Node]) -> None:
+    argv = render(REFERENCE, sparks)[0]["argv"]
+    for flag in ("--enforce-eager", "--load-format", "--safetensors-load-strategy",
+                 "--moe-backend", "--linear-backend"):
+        assert flag not in argv
+
+
+def test_vllm_speculative_config_is_vllms_json(sparks: list[Node]) -> None:
+    argv = render(REFERENCE, sparks)[0]["argv"]
+    assert json.loads(flag_value(argv, "--speculative-config")) == {
+        "method": "eagle3", "model": "AQ-MedAI/Kimi-K2-Instruct-eagle3",
+        "num_speculative_tokens": 4}
+    ngram = normalize_config({"speculative": {"method": "ngram", "num_speculative_tokens": 3,
+                                              "prompt_lookup_max": 4, "prompt_lookup_min": 2}})
+    argv = render(ngram, sparks)[0]["argv"]
+    assert json.loads(flag_value(argv, "--speculative-config")) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2}
+
+
+def test_sglang_argv_uses_sglangs_flags(sparks: list[Node]) -> None:
+    config = normalize_config({**REFERENCE, "engine": {"name": "sglang"},
+                               "serving": {"kv_cache_dtype": "fp8", "enforce_eager": True,
+                                           "moe_backend": "flashinfer_cutlass"}})
+    argv = render(config, sparks)[1]["argv"]
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert flag_value(argv, "--model-path") == "/models/kimi-k2"
+    assert flag_value(argv, "--tp") == "8"
+    assert flag_value(argv, "--pp-size") == "1"
+    assert flag_value(argv, "--ep-size") == "8"
+    assert flag_value(argv, "--nnodes") == "8"
+    assert flag_value(argv, "--node-rank") == "1"
+    assert flag_value(argv, "--dist-init-addr") == "10.10.0.1:5000"
+    assert flag_value(argv, "--context-length") == "262144"
+    assert flag_value(argv, "--kv-cache-dtype") == "fp8_e4m3"
+    assert flag_value(argv, "--mem-fraction-static") == "0.9"
+    assert "--disable-cuda-graph" in argv
+    assert flag_value(argv, "--moe-runner-backend") == "flashinfer_cutlass"
+    assert flag_value(argv, "--speculative-algorithm") == "EAGLE3"
+    assert flag_value(argv, "--speculative-draft-model-path") == "AQ-MedAI/Kimi-K2-Instruct-eagle3"
+    assert flag_value(argv, "--speculative-num-steps") == "4"
+    assert flag_value(argv, "--speculative-eagle-topk") == "1"
+    assert flag_value(argv, "--speculative-num-draft-tokens") == "5"
+    assert "--headless" not in argv
+
+
+def test_sglang_brackets_an_ipv6_rendezvous_address() -> None:
+    nodes = [replace(n, data_addr=f"fd00::{i + 1}") for i, n in enumerate(spark_nodes(2))]
+    argv = render(normalize_config({"engine": {"name": "sglang"}, "parallel": {"tp": 2}}),
+                  nodes)[0]["argv"]
+    assert flag_value(argv, "--dist-init-addr") == "[fd00::1]:5000"
+
+
+def test_env_is_the_config_env_without_jit_caches_when_ephemeral(sparks: list[Node]) -> None:
+    config = normalize_config({**REFERENCE, "env": {"NCCL_SOCKET_IFNAME": "enp1s0f0np0"}})
+    assert render(config, sparks)[0]["env"] == {"NCCL_SOCKET_IFNAME": "enp1s0f0np0"}
+
+
+def test_a_persisted_jit_cache_lives_under_each_nodes_cache_dir(sparks: list[Node]) -> None:
+    config = normalize_config({**REFERENCE, "serving": {"jit_cache": "persisted"}})
+    env = render(config, sparks)[3]["env"]
+    assert env == {"VLLM_CACHE_ROOT": "/var/cache/diag-4/vllm",
+                   "FLASHINFER_WORKSPACE_BASE": "/var/cache/diag-4/flashinfer"}
+
+
+def test_too_few_nodes_is_an_error_naming_the_layout() -> None:
+    with pytest.raises(ConfigError) as info:
+        render(REFERENCE, spark_nodes(4))
+    assert info.value.field == "parallel"
+    assert "8 nodes are needed" in str(info.value)
+
+
+def test_render_validates_what_it_is_given(sparks: list[Node]) -> None:
+    with pytest.raises(ConfigError, match=r"serving\.kv_cache_dtype"):
+        render({"serving": {"kv_cache_dtype": "fp16"}}, sparks)

@@ -1,0 +1,256 @@
+"""A whole simulated lab: its nodes, their SSH servers, and the state folder it lives in.
+
+`SimLab(scenario, state_dir)` builds what a real lab would hand the platform -- an
+inventory (`lab.inventory/1`, with the lab's time dilation and origin), a known_hosts
+file with every node's own host key, and a client key every node accepts -- and runs
+one loopback SSH server per node over the node's sandbox. Each node's model directory
+holds a real tokenizer.json, a config.json and a safetensors index (no weights).
+
+State folder layout:
+
+    inventory.yaml  known_hosts  id_ed25519(.pub)  agent-calls.log
+    hostkeys/<node>_ed25519      nodes/<node>/root/...
+
+The trained tokenizer is cached once per machine (lab.sim.tokenizer.default_cache_dir).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import paramiko
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from lab.clock import LabClock
+from lab.sim.engine import SHARDS, RendezvousHub
+from lab.sim.node import LabContext, NodePaths, SimNode
+from lab.sim.scenario import Scenario, load_scenario
+from lab.sim.sshd import NodeSSHServer
+
+WORK_DIR = "/var/lib/diag"
+MODEL_DIR = "/models/kimi-k2"
+CACHE_DIR = "/var/cache/diag"
+
+
+def write_ed25519_key(path: Path) -> paramiko.Ed25519Key:
+    """Create an OpenSSH ed25519 private key at path (and path.pub) unless one is there."""
+    if not path.exists():
+        key = Ed25519PrivateKey.generate()
+        private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                    serialization.NoEncryption())
+        public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                               serialization.PublicFormat.OpenSSH)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(private)
+        path.with_name(path.name + ".pub").write_bytes(public + b" labsim\n")
+    return paramiko.Ed25519Key(filename=str(path))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def model_config(model: dict[str, Any]) -> dict[str, Any]:
+    """A config.json in the shape of the Kimi K2 (DeepSeek-V3 architecture) checkpoint."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "kimi_k2",
+        "hidden_size": model["hidden"],
+        "num_hidden_layers": model["layers"],
+        "first_k_dense_replace": 1,
+        "n_routed_experts": model["experts"],
+        "num_experts_per_tok": model["experts_per_token"],
+        "n_shared_experts": model["shared_experts"],
+        "vocab_size": model["vocab"],
+        "max_position_embeddings": model["max_context"],
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "num_nextn_predict_layers": model["mtp_heads"],
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                                 "kv_cache_quant_algo": "FP8"},
+    }
+
+
+def safetensors_index(model: dict[str, Any]) -> dict[str, Any]:
+    """The index of a 64-shard checkpoint: which shard holds each tensor (no weights).
+    Tensors are listed in checkpoint order and spread evenly over the shards."""
+    names = ["model.embed_tokens.weight"]
+    for layer in range(int(model["layers"])):
+        prefix = f"model.layers.{layer}"
+        names += [f"{prefix}.{n}" for n in (
+            "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_a_proj.weight",
+            "self_attn.q_b_proj.weight", "self_attn.kv_a_proj_with_mqa.weight",
+            "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight")]
+        if layer == 0:  # the first layer is dense
+            names += [f"{prefix}.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")]
+            continue
+        names.append(f"{prefix}.mlp.gate.weight")
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names.append(f"{prefix}.mlp.shared_experts.{proj}.weight")
+            names += [f"{prefix}.mlp.experts.{proj}.{part}"
+                      for part in ("weight", "weight_scale", "weight_scale_2", "input_scale")]
+    names += ["model.norm.weight", "lm_head.weight"]
+    weight_map = {name: f"model-{i * SHARDS // len(names) + 1:05d}-of-{SHARDS:05d}.safetensors"
+                  for i, name in enumerate(names)}
+    return {"metadata": {"total_size": int(model["checkpoint_gb"] * 1e9)}, "weight_map": weight_map}
+
+
+class SimLab:
+    """The simulated lab on loopback; a context manager that starts and stops it."""
+
+    def __init__(self, scenario: Scenario | str | Path, state_dir: str | Path, *,
+                 dilation: float | None = None, tokenizer_cache: str | Path | None = None) -> None:
+        loaded = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+        if dilation is not None:
+            loaded = dataclasses.replace(loaded, dilation=float(dilation))
+        self.scenario = loaded
+        self.state_dir = Path(state_dir).resolve()
+        self.tokenizer_cache = Path(tokenizer_cache) if tokenizer_cache else None
+        self.clock = LabClock(loaded.dilation, 0.0)
+        self.nodes: dict[str, SimNode] = {}
+        self.servers: dict[str, NodeSSHServer] = {}
+        self.api_port = 0
+        self._started = False
+
+    # -- paths -------------------------------------------------------------------------------
+    @property
+    def inventory_path(self) -> Path:
+        return self.state_dir / "inventory.yaml"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def client_key_path(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+    @property
+    def calls_log_path(self) -> Path:
+        return self.state_dir / "agent-calls.log"
+
+    @property
+    def head(self) -> SimNode:
+        return self.nodes[self.scenario.node_names[0]]
+
+    def node(self, name: str) -> SimNode:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise KeyError(f"no node {name!r}; this lab has {', '.join(self.nodes)}") from None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> SimLab:
+        if self._started:
+            return self
+        from lab.sim.tokenizer import default_cache_dir, ensure_tokenizer
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # The trained tokenizer is the same for every lab on this machine: train it once.
+        tokenizer = ensure_tokenizer(self.tokenizer_cache or default_cache_dir())
+        self.clock = LabClock(self.scenario.dilation, time.time())
+        load = self.scenario.truth["load"]
+        hub = RendezvousHub(self.scenario.seed, load["rendezvous"]["stall_s"], load["rendezvous"]["needs"])
+        ctx = LabContext(self.scenario, self.clock, self.state_dir, hub, self.calls_log_path)
+        self.calls_log_path.touch()
+        client_key = write_ed25519_key(self.client_key_path)
+        paths = NodePaths(work_dir=WORK_DIR, model_dir=MODEL_DIR, cache_dir=CACHE_DIR)
+        down = {f["node_down"] for f in self.scenario.faults("node_down")}
+        self.api_port = free_port()
+        known_hosts = []
+        try:
+            for index, name in enumerate(self.scenario.node_names):
+                node = SimNode(ctx, index, paths)
+                self._populate_model_dir(node, tokenizer)
+                self.nodes[name] = node
+                host_key = write_ed25519_key(self.state_dir / "hostkeys" / f"{name}_ed25519")
+                server = NodeSSHServer(node, host_key, client_key)
+                port = server.start()
+                self.servers[name] = server
+                known_hosts.append(f"[127.0.0.1]:{port} {host_key.get_name()} {host_key.get_base64()}")
+                if name in down:
+                    server.stop()  # powered off: its port refuses connections
+        except BaseException:
+            self.stop()
+            raise
+        self.known_hosts_path.write_text("\n".join(known_hosts) + "\n")
+        self._write_inventory()
+        self._started = True
+        return self
+
+    def stop(self) -> None:
+        """Stop every engine (and its HTTP endpoint), then every SSH server."""
+        for node in self.nodes.values():
+            node.shutdown()
+        for server in self.servers.values():
+            server.stop()
+        self._started = False
+
+    def __enter__(self) -> SimLab:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def set_node_down(self, name: str, down: bool = True) -> None:
+        """Power a node off (its SSH port refuses connections, its engine dies) or back on."""
+        server = self.servers[name]
+        if down:
+            self.node(name).shutdown()
+            server.stop()
+        elif not server.listening:
+            server.start()
+
+    # -- what the lab hands the platform -------------------------------------------------------
+    def _populate_model_dir(self, node: SimNode, tokenizer: Path) -> None:
+        model_dir = node.host_path(node.paths.model_dir)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tokenizer, model_dir / "tokenizer.json")
+        (model_dir / "config.json").write_text(json.dumps(model_config(self.scenario.model), indent=2) + "\n")
+        (model_dir / "model.safetensors.index.json").write_text(
+            json.dumps(safetensors_index(self.scenario.model), indent=1) + "\n")
+
+    def _write_inventory(self) -> None:
+        nics = self.scenario.node["nics"]
+        inventory = {
+            "schema": "lab.inventory/1",
+            "name": self.scenario.name,
+            "time_dilation": self.scenario.dilation,
+            "time_origin": self.clock.origin,
+            "known_hosts": self.known_hosts_path.name,
+            "defaults": {
+                "user": "root",
+                "key_file": self.client_key_path.name,
+                "python": "python3",
+                "work_dir": WORK_DIR,
+                "model_dir": MODEL_DIR,
+                "cache_dir": CACHE_DIR,
+                "mgmt_nic": nics["mgmt"],
+                "data_nics": list(nics["data"]),
+                "api_port": self.api_port,
+            },
+            "nodes": [
+                {"name": name, "host": "127.0.0.1", "port": self.servers[name].port,
+                 "role": self.nodes[name].role, "data_addr": "127.0.0.1"}
+                for name in self.scenario.node_names
+            ],
+        }
+        header = (f"# Simulated lab {self.scenario.name!r}: lab time runs {self.scenario.dilation:g}x "
+                  "wall time from time_origin.\n")
+        self.inventory_path.write_text(header + yaml.safe_dump(inventory, sort_keys=False))

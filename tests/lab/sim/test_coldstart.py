@@ -1,0 +1,203 @@
+"""Cold starts of the simulated engine against LAB_MODEL.md section 5's formulas."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from datetime import datetime
+
+import pytest
+
+from lab.sim.engine import EngineProcess
+from lab.sim.lab import SimLab
+
+from .conftest import launch, load_path_fixed, out_of_box, stop_all, wait_exit, wait_ready
+
+# LAB_MODEL.md, the reference scenario's figures.
+WEIGHTS_PER_NODE_GB = 597 / 8
+PROC, RENDEZVOUS, STALL, JIT_COLD, JIT_WARM, KV, GRAPH, API = 20, 8, 60, 150, 10, 15, 75, 5
+OUT_OF_BOX_S = PROC + WEIGHTS_PER_NODE_GB / 0.33 + RENDEZVOUS + STALL + JIT_COLD + KV + GRAPH + API
+FIXED_S = PROC + WEIGHTS_PER_NODE_GB / 6.0 + RENDEZVOUS + JIT_WARM + KV + GRAPH + API
+# In-process launches of eight nodes take a few wall milliseconds: tens of lab seconds at
+# this dilation. Every rank waits for the last one launched, so cold starts are measured
+# from that launch; thread wake-ups add well under a lab second.
+JITTER_S = 2.0
+
+STAMP = re.compile(r"^(?:INFO|WARNING|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d) ")
+
+
+def cold_start_s(head: EngineProcess) -> float:
+    """Lab seconds from the last rank's launch to the head serving."""
+    assert head.ready_at is not None, head.log_path.read_text()[-2000:]
+    assert head.group is not None
+    return head.ready_at - max(m.started for m in head.group.members.values())
+
+
+def phase(proc: EngineProcess, name: str) -> float:
+    return next(p.seconds for p in proc.phases if p.name == name)
+
+
+def this_launch(proc: EngineProcess) -> str:
+    """The log of this launch only: launches append to the same file, as on real nodes."""
+    text = proc.log_path.read_text()
+    return text[text.rfind("Automatically detected platform"):]
+
+
+def stamped(proc: EngineProcess) -> list[tuple[float, str]]:
+    out = []
+    for line in this_launch(proc).splitlines():
+        m = STAMP.match(line)
+        if m:
+            out.append((datetime.strptime("2000-" + m.group(1), "%Y-%m-%d %H:%M:%S").timestamp(), line))
+    return out
+
+
+def restart_cold(lab: SimLab, config: dict) -> EngineProcess:
+    stop_all(lab)
+    for node in lab.nodes.values():
+        node.drop_caches()
+    return wait_ready(launch(lab, config))
+
+
+def test_the_out_of_box_cold_start_takes_seven_and_a_half_minutes_and_more(sim_lab: SimLab) -> None:
+    head = restart_cold(sim_lab, out_of_box())
+    assert phase(head, "weights_load") == pytest.approx(WEIGHTS_PER_NODE_GB / 0.33)
+    assert phase(head, "jit") == JIT_COLD
+    assert phase(head, "graph_capture") == GRAPH
+    assert phase(head, "rendezvous_wait") >= STALL
+    measured = cold_start_s(head)
+    print(f"out-of-box cold start: {measured:.1f} lab s (formula {OUT_OF_BOX_S:.1f})")
+    assert OUT_OF_BOX_S - JITTER_S <= measured <= OUT_OF_BOX_S + JITTER_S
+    assert measured > 7.5 * 60
+
+
+def test_the_load_path_fixes_bring_a_cold_start_to_about_two_and_a_half_minutes(sim_lab: SimLab) -> None:
+    first = restart_cold(sim_lab, load_path_fixed())
+    assert phase(first, "jit") == JIT_COLD  # the first start with a kept cache still compiles
+    head = restart_cold(sim_lab, load_path_fixed())
+    assert phase(head, "jit") == JIT_WARM
+    assert phase(head, "weights_load") == pytest.approx(WEIGHTS_PER_NODE_GB / 6.0)
+    measured = cold_start_s(head)
+    print(f"fixed cold start: {measured:.1f} lab s (formula {FIXED_S:.1f})")
+    assert FIXED_S - JITTER_S <= measured <= FIXED_S + JITTER_S
+    assert 2 * 60 < measured < 3 * 60
+
+
+def test_a_warm_restart_without_dropping_caches_reads_the_weights_from_page_cache(sim_lab: SimLab) -> None:
+    restart_cold(sim_lab, out_of_box())
+    stop_all(sim_lab)
+    head = wait_ready(launch(sim_lab, out_of_box()))
+    assert phase(head, "weights_load") == pytest.approx(WEIGHTS_PER_NODE_GB / 20.0)
+
+
+def test_dropping_caches_makes_the_next_start_read_from_disk_again(sim_lab: SimLab) -> None:
+    restart_cold(sim_lab, out_of_box())
+    head = restart_cold(sim_lab, out_of_box())
+    assert phase(head, "weights_load") == pytest.approx(WEIGHTS_PER_NODE_GB / 0.33)
+
+
+def test_a_start_stopped_mid_load_leaves_what_it_read_in_page_cache(sim_lab: SimLab) -> None:
+    head = launch(sim_lab, out_of_box())[0]
+    sim_lab.clock.sleep(PROC + 100 - (sim_lab.clock.now() - head.started))
+    stop_all(sim_lab)
+    cached = sim_lab.head.weights_cached_gb
+    assert 0.33 * 90 < cached < WEIGHTS_PER_NODE_GB
+
+
+def test_cold_start_durations_are_the_same_for_the_same_seed(make_lab: Callable[..., SimLab]) -> None:
+    runs = []
+    for _ in range(2):
+        lab = make_lab()
+        head = restart_cold(lab, out_of_box())
+        late = sorted(n.name for n in lab.nodes.values() if "c10d" in n.processes[-1].log_path.read_text())
+        runs.append(([(p.name, round(p.seconds, 6)) for p in head.phases
+                      if p.name not in ("rendezvous_wait", "kv_wait", "serving")], late))
+        lab.stop()
+    assert runs[0] == runs[1]
+    assert len(runs[0][1]) == 1  # exactly one node is late
+
+
+def test_the_rendezvous_stall_is_silent_on_the_head_and_retried_on_the_late_node(sim_lab: SimLab) -> None:
+    head = restart_cold(sim_lab, out_of_box())
+    lines = stamped(head)
+    start = next(t for t, line in lines if "world_size=8" in line)
+    end = next(t for t, line in lines if "vLLM is using nccl" in line)
+    assert end - start >= STALL
+    assert not any(start < t < end for t, _ in lines)
+    logs = {n.name: n.processes[-1].log_path.read_text() for n in sim_lab.nodes.values()}
+    late = [name for name, text in logs.items() if "The client socket has failed to connect" in text]
+    assert len(late) == 1 and late[0] != "spark-01"
+    retries = logs[late[0]].count("The client socket has failed to connect")
+    assert retries == STALL // 20 or retries == STALL // 20 - 1 or retries >= STALL // 20
+
+
+def test_the_right_nccl_variables_remove_the_stall(sim_lab: SimLab) -> None:
+    head = restart_cold(sim_lab, load_path_fixed(nccl=True))
+    spread = max(m.started for m in head.group.members.values()) - head.started  # type: ignore[union-attr]
+    assert phase(head, "rendezvous_wait") <= spread + JITTER_S
+    texts = [n.processes[-1].log_path.read_text() for n in sim_lab.nodes.values()]
+    assert not any("c10d" in t for t in texts)
+
+
+def test_the_mmap_loader_prints_shard_progress_lines_minutes_apart(sim_lab: SimLab) -> None:
+    head = restart_cold(sim_lab, out_of_box())
+    times = sorted({t for t, line in stamped(head) if "checkpoint shards" in line})
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert max(gaps) > 30 and len(times) <= 6
+    stop_all(sim_lab)
+    head = restart_cold(sim_lab, load_path_fixed())
+    shard_times = [t for t, line in stamped(head) if "checkpoint shards" in line]
+    assert max(shard_times) - min(shard_times) <= WEIGHTS_PER_NODE_GB / 6.0 + 1
+
+
+def test_the_jit_phase_is_silent_and_ends_with_the_compile_total(sim_lab: SimLab) -> None:
+    head = restart_cold(sim_lab, out_of_box())
+    lines = stamped(head)
+    begin = next(t for t, line in lines if "Using cache directory" in line)
+    end = next(t for t, line in lines if "torch.compile takes 150.00 s in total" in line)
+    assert end - begin == pytest.approx(JIT_COLD, abs=1)
+    assert not any(begin < t < end for t, _ in lines)
+
+
+def test_the_log_carries_the_loading_and_init_figures(sim_lab: SimLab) -> None:
+    text = restart_cold(sim_lab, out_of_box()).log_path.read_text()
+    assert f"Loading weights took {WEIGHTS_PER_NODE_GB / 0.33:.2f} seconds" in text
+    assert "Graph capturing finished in 75 secs" in text
+    init_s = JIT_COLD + KV + GRAPH
+    assert f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds" in text
+    assert text.rstrip().splitlines()[-1].split("] ", 1)[1].startswith("Starting vLLM API server 0 on http://0.0.0.0:")
+
+
+@pytest.mark.parametrize(("serving", "env", "logged"), [
+    ({}, {}, "FlashInferCutlass"),
+    ({}, {"VLLM_USE_FLASHINFER_MOE_FP4": "0"}, "Cutlass"),
+    ({}, {"VLLM_NVFP4_GEMM_BACKEND": "marlin", "VLLM_USE_FLASHINFER_MOE_FP4": "1"}, "Marlin"),
+    ({"moe_backend": "cutlass"}, {"VLLM_NVFP4_GEMM_BACKEND": "marlin"}, "Cutlass"),
+])
+def test_the_fp4_backend_comes_from_flags_then_environment_then_the_default(
+        sim_lab: SimLab, serving: dict, env: dict, logged: str) -> None:
+    config = out_of_box()
+    config["serving"].update(serving)
+    config["env"] = env
+    head = launch(sim_lab, config)[0]
+    while head.running and "backend for NVFP4" not in head.log_path.read_text():
+        head.wait(0.01)
+    assert f"Using {logged} backend for NVFP4 MoE" in head.log_path.read_text()
+
+
+def test_enforce_eager_skips_graph_capture(sim_lab: SimLab) -> None:
+    config = load_path_fixed()
+    config["serving"]["enforce_eager"] = True
+    head = restart_cold(sim_lab, config)
+    assert "graph_capture" not in [p.name for p in head.phases]
+    assert "Graph capturing finished" not in head.log_path.read_text()
+
+
+def test_an_unknown_flag_fails_with_argparses_message_and_exit_2(sim_lab: SimLab) -> None:
+    head = launch(sim_lab, out_of_box(), extra_argv=["--frobnicate"])[0]
+    assert wait_exit(head) == 2
+    lines = head.log_path.read_text().splitlines()
+    assert lines[-2].startswith("usage: vllm serve")
+    assert lines[-1] == "vllm serve: error: unrecognized arguments: --frobnicate"
+    assert sim_lab.head.status() == {"running": False, "pid": head.pid, "exit_code": 2}

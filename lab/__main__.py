@@ -143,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away; nothing left to say to it.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

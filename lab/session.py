@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -298,7 +299,10 @@ class LabSession:
         self.stop()
         if cold:
             self.drop_caches(nodes)
-        specs = render(dict(config), nodes)
+        # The customer's model path is theirs; on this lab the weights live in the
+        # inventory's model directory.
+        config = {**config, "model": {**config["model"], "path": nodes[0].model_dir}}
+        specs = render(config, nodes)
         by_node = {n.name: n for n in nodes}
 
         def place(conn: NodeConnection) -> None:
@@ -310,7 +314,6 @@ class LabSession:
 
         _raise_first(self.ssh.each(place, list(by_node)))
         started_wall = time.monotonic()
-        started_at = self.clock.now()
         results = self.ssh.each(
             lambda c: self._agent_call(c, ["launch", "--spec", f"{c.node.work_dir}/launch/spec.json"],
                                        AGENT_TIMEOUT_S),
@@ -318,43 +321,63 @@ class LabSession:
         )
         _raise_first(results)
         self._launched = list(by_node)
-        ready_wall = self._wait_healthy(nodes, specs, started_wall, timeout_s)
-        cold_start_s = self.clock.lab_seconds(ready_wall - started_wall)
+        ready_wall = self._wait_healthy(nodes, started_wall, timeout_s)
+        ready_at = self.clock.at(time.time() - (time.monotonic() - ready_wall))
+        # The cold start runs from the moment the last rank was started, by the nodes' own
+        # clocks: the few tenths of a second our parallel SSH calls take to reach every node
+        # are ours, not the engine's (and a simulated lab would inflate them by its dilation).
+        started_at = max(float(r["started"]) for r in results.values() if isinstance(r, dict))
         return LaunchResult(
             endpoint=self.endpoint,
-            cold_start_s=round(cold_start_s, 3),
+            cold_start_s=round(ready_at - started_at, 3),
             started_at=started_at,
-            ready_at=started_at + cold_start_s,
+            ready_at=ready_at,
             specs=specs,
             warm=not cold,
         )
 
-    def _wait_healthy(
-        self, nodes: Sequence[Node], specs: Sequence[Mapping[str, Any]], started_wall: float, timeout_s: float
-    ) -> float:
+    def _wait_healthy(self, nodes: Sequence[Node], started_wall: float, timeout_s: float) -> float:
+        """Poll /health until it answers 200; return the monotonic time it first did.
+
+        A watcher thread asks the nodes every few seconds whether the engine still runs,
+        so a start that died is reported with its log instead of waiting for the timeout,
+        and so those SSH round trips never delay the moment we see the API come up.
+        """
         deadline = started_wall + self.clock.wall_seconds(timeout_s)
-        # Poll /health about once a lab second (no faster than 50 Hz on the wall), and ask
-        # the nodes whether the engine still runs every few seconds, so a start that died
-        # is reported with its log instead of waiting for the timeout.
+        # About once a lab second, but no faster than 50 Hz on the wall clock.
         poll = min(1.0, max(0.02, self.clock.wall_seconds(1.0)))
         status_every = max(poll, min(2.0, self.clock.wall_seconds(10.0)))
-        next_status = time.monotonic() + status_every
-        url = f"{self.endpoint}/health"
-        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as http:
-            while True:
+        failure: list[LabError] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(status_every):
                 try:
-                    if http.get(url).status_code == 200:
-                        return time.monotonic()
-                except httpx.HTTPError:
-                    pass
-                now = time.monotonic()
-                if now >= deadline:
-                    raise LaunchTimeout(
-                        f"the engine did not answer {url} within {timeout_s:g} lab seconds")
-                if now >= next_status:
-                    next_status = now + status_every
                     self._check_running(nodes)
-                time.sleep(poll)
+                except LabError as exc:
+                    failure.append(exc)
+                    return
+
+        watcher = threading.Thread(target=watch, name="launch-watch", daemon=True)
+        watcher.start()
+        url = f"{self.endpoint}/health"
+        try:
+            with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as http:
+                while True:
+                    try:
+                        if http.get(url).status_code == 200:
+                            return time.monotonic()
+                    except httpx.HTTPError:
+                        pass
+                    if failure:
+                        raise failure[0]
+                    if time.monotonic() >= deadline:
+                        raise LaunchTimeout(
+                            f"the engine did not answer {url} within {timeout_s:g} lab seconds")
+                    time.sleep(poll)
+        finally:
+            done.set()
+            watcher.join()
 
     def _check_running(self, nodes: Sequence[Node]) -> None:
         for name, st in self.status(nodes).items():

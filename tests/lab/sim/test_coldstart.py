@@ -166,7 +166,11 @@ def test_the_log_carries_the_loading_and_init_figures(sim_lab: SimLab) -> None:
     assert "Graph capturing finished in 75 secs" in text
     init_s = JIT_COLD + KV + GRAPH
     assert f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds" in text
-    assert text.rstrip().splitlines()[-1].split("] ", 1)[1].startswith("Starting vLLM API server 0 on http://0.0.0.0:")
+    # The API line closes the start-up; periodic stats lines may follow it, as in vLLM.
+    messages = [line.split("] ", 1)[1] for line in text.splitlines() if "] " in line]
+    api = next(i for i, m in enumerate(messages) if m.startswith("Starting vLLM API server 0 on http://0.0.0.0:"))
+    assert all(m.startswith("Engine 000:") for m in messages[api + 1:])
+    assert api > next(i for i, m in enumerate(messages) if m.startswith("init engine"))
 
 
 @pytest.mark.parametrize(("serving", "env", "logged"), [

@@ -1,0 +1,562 @@
+"""The simulated inference engine behind the HTTP endpoint: scheduling and accounting.
+
+`EngineCore` turns an admitted request into a reply (lab/sim/text.py) and a step
+schedule (lab/sim/physics.py), paces the steps on the wall clock at `dilation` times
+lab speed on absolute deadlines, and keeps the server's own accounting the way
+LAB_MODEL.md section 4 says the engine counts: the periodic stats log lines and the
+Prometheus counters, both following the scenario's `server_counts`. lab/sim/http.py
+puts the OpenAI-compatible API in front of it.
+
+Nothing here reaches a client except through the API's ordinary fields, the log and
+/metrics: the scenario's truth shapes behaviour, never shows up as data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from lab.clock import LabClock
+from lab.sim.physics import (
+    DecodePlan,
+    RequestSchedule,
+    Step,
+    StepSampler,
+    decode_plan,
+    kv_capacity_tokens,
+)
+from lab.sim.text import Reply, TextModel, Workload, encoded_corpora, stable_int
+from lab.sim.tokenizer import load_tokenizer
+
+BACKEND_STATES = ("ok", "broken", "degraded")
+HISTORY_LIMIT = 1000
+
+
+class ScenarioLike(Protocol):
+    """The parts of `lab.sim.scenario.Scenario` the serving side reads."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def node(self) -> dict[str, Any]: ...
+    @property
+    def network(self) -> dict[str, Any]: ...
+    @property
+    def model(self) -> dict[str, Any]: ...
+    @property
+    def truth(self) -> dict[str, Any]: ...
+    @property
+    def serving(self) -> dict[str, Any]: ...
+
+
+def served_model_name(config: Mapping[str, Any]) -> str:
+    """The name the engine answers to: `--served-model-name` if given, else the model path
+    the engine was started with (vLLM and SGLang both default to it)."""
+    args = [str(a) for a in config.get("extra_args") or []]
+    for i, arg in enumerate(args):
+        if arg.startswith("--served-model-name="):
+            return arg.split("=", 1)[1]
+        if arg == "--served-model-name" and i + 1 < len(args):
+            return args[i + 1]
+    return str(config["model"]["path"])
+
+
+@dataclass
+class RequestRecord:
+    """One admitted request as the engine planned and ran it; tests read these."""
+
+    index: int
+    request_id: str
+    prompt_tokens: int
+    workload: Workload
+    reply: Reply
+    sampler: StepSampler  # draws the steps as the run reaches them
+    steps: list[Step] = field(default_factory=list)  # the steps run so far
+    outcome: str = "pending"  # finished | aborted | orphaned | stopped
+    generated: int = 0  # tokens generated so far (delivered or not)
+
+    @property
+    def schedule(self) -> RequestSchedule:
+        """The steps drawn so far (all of them once the request has run)."""
+        return RequestSchedule(self.sampler.run_factor, tuple(self.steps))
+
+    @property
+    def step_lab_ms(self) -> list[float]:
+        return [s.lab_ms for s in self.steps]
+
+
+@dataclass
+class _Window:
+    """Counts over one stats interval, reset at each log line."""
+
+    prompt: int = 0
+    generation: int = 0  # per server_counts
+    decode_steps: int = 0  # steps after prefill
+    drafts: int = 0  # verification steps that carried drafts
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    busy_wall_s: float = 0.0
+
+
+@dataclass
+class _Totals:
+    """Lifetime counters for /metrics."""
+
+    prompt: int = 0
+    generation: int = 0
+    drafts: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+
+
+StepSink = Callable[[int, Step, Sequence[int]], bool]
+
+
+class EngineCore:
+    """Plans, paces and accounts requests for one simulated engine."""
+
+    def __init__(
+        self,
+        *,
+        scenario: ScenarioLike,
+        config: Mapping[str, Any],
+        backend: str,
+        backend_state: str,
+        error_rate: float,
+        clock: LabClock,
+        log: Callable[[str], None],
+        tokenizer_path: Path,
+        seed: int,
+        kv_capacity: int | None = None,
+    ) -> None:
+        if backend_state not in BACKEND_STATES:
+            raise ValueError(f"backend_state: got {backend_state!r}; accepted: ok, broken, degraded")
+        self.config = config
+        self.clock = clock
+        self.seed = seed
+        self.backend_state = backend_state
+        self.error_rate = error_rate
+        self.engine = str(config["engine"]["name"])
+        self.model_name = served_model_name(config)
+        self.max_model_len = int(config["serving"]["max_model_len"])
+        self._log = log
+        self._log_lock = threading.Lock()
+
+        truth = scenario.truth
+        self.decode = truth["decode"]
+        self.server_counts = str(truth["server_counts"])
+        self.log_interval_s = float(scenario.serving["log_interval_s"])
+        self.abort_on_disconnect = bool(scenario.serving["abort_on_disconnect"])
+        tp, pp = int(config["parallel"]["tp"]), int(config["parallel"]["pp"])
+        spec = config.get("speculative") or None
+        method = str(spec["method"]) if spec else None
+        k = int(spec["num_speculative_tokens"]) if spec else 0
+        if method is not None and method not in truth["specdec"]["draft_ms"]:
+            raise ValueError(f"speculative.method: the engine cannot serve {method!r}")
+        # Backends the scenario gives no speed factor for run at native FP4 speed.
+        fp4_speed = float(truth["fp4"]["speed"].get(backend, 1.0))
+        self.plans: dict[str, DecodePlan] = {
+            workload: decode_plan(
+                scenario.model,
+                scenario.node,
+                scenario.network,
+                self.decode,
+                truth["specdec"],
+                fp4_speed,
+                tp,
+                pp,
+                bool(config["serving"]["enforce_eager"]),
+                method,
+                k,
+                workload,
+            )
+            for workload in ("code", "prose")
+        }
+        self.k = self.plans["code"].k
+        self.kv_capacity = kv_capacity or kv_capacity_tokens(
+            scenario.model,
+            scenario.node,
+            nodes_used=tp * pp,
+            pp=pp,
+            gpu_memory_utilization=float(config["serving"]["gpu_memory_utilization"]),
+            kv_cache_dtype=str(config["serving"]["kv_cache_dtype"]),
+        )
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.text = TextModel(
+            self.tokenizer,
+            seed=seed,
+            model_vocab=int(scenario.model["vocab"]),
+            corpora=encoded_corpora(tokenizer_path),
+        )
+
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._history: deque[RequestRecord] = deque(maxlen=HISTORY_LIMIT)
+        self._active: dict[int, RequestRecord] = {}
+        self._window = _Window(accepted_per_pos=[0] * self.k)
+        self._totals = _Totals(accepted_per_pos=[0] * self.k)
+        self._busy_since: float | None = None
+        self._stop = threading.Event()
+        self._stats_thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stats_thread = threading.Thread(target=self._stats_loop, name="labsim-stats", daemon=True)
+        self._stats_thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._stats_thread is not None:
+            self._stats_thread.join(timeout=5)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    # -- requests ----------------------------------------------------------------------
+
+    def admit(
+        self,
+        *,
+        question: str,
+        prompt_text: str,
+        workload: Workload,
+        prompt_tokens: int,
+        max_tokens: int,
+        ignore_eos: bool,
+        sampled: bool,
+        prefix: str,
+    ) -> RequestRecord:
+        """Plan one request: its reply and its step schedule, both fixed from here on.
+
+        The timing draw is seeded by (seed, request counter, prompt hash), so the same
+        seed and the same sequence of requests give the same schedule.
+        """
+        with self._lock:
+            index = self._counter
+            self._counter += 1
+        prompt_hash = hashlib.sha256(prompt_text.encode()).hexdigest()
+        request_id = f"{prefix}-{hashlib.sha256(f'{self.seed}:{index}'.encode()).hexdigest()[:32]}"
+        reply = self.text.reply(
+            question,
+            workload=workload,
+            max_tokens=max_tokens,
+            ignore_eos=ignore_eos,
+            backend_state=self.backend_state,
+            error_rate=self.error_rate,
+            salt=index if sampled else None,
+        )
+        rng = random.Random(stable_int(self.seed, "timing", index, prompt_hash))
+        sampler = StepSampler(
+            self.plans[workload],
+            tokens=len(reply.token_ids),
+            prompt_tokens=prompt_tokens,
+            prefill_tps=float(self.decode["prefill_tps"]),
+            run_sigma=float(self.decode["run_sigma"]),
+            step_sigma=float(self.decode["step_sigma"]),
+            rng=rng,
+        )
+        record = RequestRecord(index, request_id, prompt_tokens, workload, reply, sampler)
+        with self._lock:
+            self._history.append(record)
+        return record
+
+    def run(
+        self,
+        record: RequestRecord,
+        emit: StepSink,
+        peer_gone: Callable[[], bool],
+        arrival: float | None = None,
+    ) -> str:
+        """Pace the request's steps and hand each step's tokens to `emit`.
+
+        Step i ends at start + (sum of lab durations up to i) / dilation on the wall
+        clock, so sleep error never accumulates. The start is the request's `arrival`
+        (monotonic seconds) so that parsing and planning count inside the first step;
+        when they took longer than it, the whole schedule shifts so that the first token
+        leaves now and every later interval keeps its exact length. A client that goes
+        away (`peer_gone`, or `emit` returning False) aborts the request when the engine
+        sees disconnects; otherwise it runs on unseen to its end, an orphan still counted
+        and logged.
+        Returns the outcome: finished, aborted, orphaned or stopped.
+        """
+        dilation = self.clock.dilation
+        self._enter(record)
+        outcome = "finished"
+        listening = True
+        try:
+            steps = iter(record.sampler)
+            first = next(steps)
+            now = time.monotonic()
+            first_wall = first.lab_ms / 1000.0 / dilation
+            start = now if arrival is None else min(arrival, now)
+            if now > start + first_wall:
+                start = now - first_wall
+            elapsed_lab_ms = 0.0
+            cursor = 0
+            ids = record.reply.token_ids
+            for i, step in enumerate(itertools.chain([first], steps)):
+                record.steps.append(step)
+                elapsed_lab_ms += step.lab_ms
+                deadline = start + elapsed_lab_ms / 1000.0 / dilation
+                if self._stop.wait(max(0.0, deadline - time.monotonic())):
+                    outcome = "stopped"
+                    break
+                if listening and peer_gone():
+                    listening, outcome = self._client_left(record)
+                    if outcome == "aborted":
+                        break
+                chunk = ids[cursor : cursor + step.emitted]
+                cursor += step.emitted
+                self._account(record, i, step)
+                if listening and not emit(i, step, chunk):
+                    listening, outcome = self._client_left(record)
+                    if outcome == "aborted":
+                        break
+        finally:
+            self._leave(record, outcome)
+        return outcome
+
+    def _client_left(self, record: RequestRecord) -> tuple[bool, str]:
+        if self.abort_on_disconnect:
+            self.write_log(f"Aborted request {record.request_id}.")
+            return False, "aborted"
+        return False, "orphaned"
+
+    def history(self) -> list[RequestRecord]:
+        """The last HISTORY_LIMIT requests admitted, in admission order (for tests and the
+        benchmark; a long-running lab would otherwise keep every reply forever)."""
+        with self._lock:
+            return list(self._history)
+
+    # -- accounting --------------------------------------------------------------------
+
+    def _enter(self, record: RequestRecord) -> None:
+        with self._lock:
+            if not self._active:
+                self._busy_since = time.monotonic()
+            self._active[record.index] = record
+
+    def _leave(self, record: RequestRecord, outcome: str) -> None:
+        with self._lock:
+            self._active.pop(record.index, None)
+            if not self._active and self._busy_since is not None:
+                self._window.busy_wall_s += time.monotonic() - self._busy_since
+                self._busy_since = None
+            record.outcome = outcome
+            if outcome in ("finished", "orphaned"):
+                self._totals.finished[record.reply.finish_reason] += 1
+            elif outcome == "aborted":
+                self._totals.finished["abort"] += 1
+
+    def _account(self, record: RequestRecord, index: int, step: Step) -> None:
+        counted = step.emitted
+        if index == 0:
+            prompt = record.prompt_tokens
+        else:
+            prompt = 0
+            if self.server_counts == "proposed":
+                counted = step.drafted + 1
+        with self._lock:
+            record.generated += step.emitted
+            if index > 0:
+                self._window.decode_steps += 1
+            for bucket in (self._window, self._totals):
+                bucket.prompt += prompt
+                bucket.generation += counted
+                if step.drafted:
+                    bucket.drafts += 1
+                    bucket.drafted += step.drafted
+                    bucket.accepted += step.accepted
+                    for pos in range(step.accepted):
+                        bucket.accepted_per_pos[pos] += 1
+        if index == 0 and self.engine == "sglang":
+            self.write_log(
+                f"Prefill batch. #new-seq: 1, #new-token: {record.prompt_tokens}, "
+                f"#cached-token: 0, token usage: {self._kv_fraction():.2f}, "
+                f"#running-req: {self.running()}, #queue-req: 0"
+            )
+
+    def running(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    def _kv_tokens(self) -> int:
+        with self._lock:
+            return sum(r.prompt_tokens + r.generated for r in self._active.values())
+
+    def _kv_fraction(self) -> float:
+        return self._kv_tokens() / self.kv_capacity if self.kv_capacity else 0.0
+
+    def write_log(self, message: str) -> None:
+        with self._log_lock:
+            self._log(message)
+
+    def _stats_loop(self) -> None:
+        interval_wall = self.log_interval_s / self.clock.dilation
+        start = time.monotonic()
+        last = start
+        n = 0
+        while True:
+            n += 1
+            deadline = start + n * interval_wall
+            if self._stop.wait(max(0.0, deadline - time.monotonic())):
+                return
+            now = time.monotonic()
+            self._log_interval((now - last) * self.clock.dilation)
+            last = now
+
+    def _log_interval(self, elapsed_lab_s: float) -> None:
+        with self._lock:
+            window = self._window
+            if self._busy_since is not None:
+                now = time.monotonic()
+                window.busy_wall_s += now - self._busy_since
+                self._busy_since = now
+            self._window = _Window(accepted_per_pos=[0] * self.k)
+            running = len(self._active)
+        busy_lab_s = window.busy_wall_s * self.clock.dilation
+        seconds = busy_lab_s if self.server_counts == "emitted_busy" else elapsed_lab_s
+        gen_tps = window.generation / seconds if seconds > 0 else 0.0
+        prompt_tps = window.prompt / elapsed_lab_s if elapsed_lab_s > 0 else 0.0
+        kv_fraction = self._kv_fraction()
+        if self.engine == "sglang":
+            self._log_sglang(window, running, gen_tps, kv_fraction)
+            return
+        self.write_log(
+            f"Engine 000: Avg prompt throughput: {prompt_tps:.1f} tokens/s, "
+            f"Avg generation throughput: {gen_tps:.1f} tokens/s, "
+            f"Running: {running} reqs, Waiting: 0 reqs, "
+            f"GPU KV cache usage: {kv_fraction * 100:.1f}%, Prefix cache hit rate: 0.0%"
+        )
+        if window.drafts:
+            per_pos = ", ".join(f"{a / window.drafts:.3f}" for a in window.accepted_per_pos)
+            self.write_log(
+                "SpecDecoding metrics: "
+                f"Mean acceptance length: {1 + window.accepted / window.drafts:.2f}, "
+                f"Accepted throughput: {window.accepted / elapsed_lab_s:.2f} tokens/s, "
+                f"Drafted throughput: {window.drafted / elapsed_lab_s:.2f} tokens/s, "
+                f"Accepted: {window.accepted} tokens, Drafted: {window.drafted} tokens, "
+                f"Per-position acceptance rate: {per_pos}, "
+                f"Avg Draft acceptance rate: {window.accepted / window.drafted * 100:.1f}%"
+            )
+
+    def _log_sglang(self, window: _Window, running: int, gen_tps: float, kv: float) -> None:
+        # SGLang reports decode batches after decode steps, never for an idle engine.
+        if not window.decode_steps:
+            return
+        accept = ""
+        if window.drafts:
+            accept = f"accept len: {1 + window.accepted / window.drafts:.2f}, "
+        self.write_log(
+            f"Decode batch. #running-req: {running}, #token: {self._kv_tokens()}, "
+            f"token usage: {kv:.2f}, {accept}gen throughput (token/s): {gen_tps:.2f}, "
+            "#queue-req: 0"
+        )
+
+    # -- /metrics ----------------------------------------------------------------------
+
+    def metrics_text(self) -> str:
+        """Prometheus exposition with vLLM's metric names, counted like the log."""
+        with self._lock:
+            totals = self._totals
+            running = len(self._active)
+            snapshot = (
+                totals.prompt,
+                totals.generation,
+                totals.drafts,
+                totals.drafted,
+                totals.accepted,
+                list(totals.accepted_per_pos),
+                dict(totals.finished),
+            )
+        prompt, generation, drafts, drafted, accepted, per_pos, finished = snapshot
+        labels = f'model_name="{_escape(self.model_name)}",engine="0"'
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, rows: list[tuple[str, float]]) -> None:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+            for extra, value in rows:
+                out.append(f"{name}{{{labels}{extra}}} {float(value)!r}")
+
+        metric(
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            [("", running)],
+        )
+        metric(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            [("", 0)],
+        )
+        metric(
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            [("", self._kv_fraction())],
+        )
+        metric(
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            [("", prompt)],
+        )
+        metric(
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            [("", generation)],
+        )
+        metric(
+            "vllm:request_success_total",
+            "counter",
+            "Count of successfully processed requests.",
+            [(f',finished_reason="{reason}"', n) for reason, n in sorted(finished.items())],
+        )
+        if self.k:
+            metric(
+                "vllm:spec_decode_num_drafts_total",
+                "counter",
+                "Number of spec decoding drafts.",
+                [("", drafts)],
+            )
+            metric(
+                "vllm:spec_decode_num_draft_tokens_total",
+                "counter",
+                "Number of draft tokens.",
+                [("", drafted)],
+            )
+            metric(
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Number of accepted tokens.",
+                [("", accepted)],
+            )
+            metric(
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                "counter",
+                "Accepted tokens per draft position.",
+                [(f',position="{pos}"', n) for pos, n in enumerate(per_pos)],
+            )
+        return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -346,7 +346,9 @@ class LabSession:
         deadline = started_wall + self.clock.wall_seconds(timeout_s)
         # About once a lab second, but no faster than 50 Hz on the wall clock.
         poll = min(1.0, max(0.02, self.clock.wall_seconds(1.0)))
-        status_every = max(poll, min(2.0, self.clock.wall_seconds(10.0)))
+        # Each status check is an SSH round trip to every node: at most twice a wall second,
+        # or on a fast simulated lab the checks themselves would slow what they watch.
+        status_every = max(0.5, min(2.0, self.clock.wall_seconds(10.0)))
         failure: list[LabError] = []
         done = threading.Event()
 

@@ -419,6 +419,11 @@ class EngineProcess:
             return 1
         self.node.engine_memory(kv_end, weights_gib + kv_gib)
         t = kv_end
+        is_api_server = not parsed.headless and self.rank == 0
+        port = int(parsed.port or 8000)
+        # Build the API server (tokenizer, text model) while the graphs are captured, so its
+        # wall-clock set-up cost is not multiplied by the dilation into a longer cold start.
+        server = self._serving_engine(config, backend, port) if is_api_server else None
 
         # 6. graph capture (none with --enforce-eager)
         capture_s = 0.0 if serving.get("enforce_eager") else load["graph_capture_s"]
@@ -441,17 +446,13 @@ class EngineProcess:
                       f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds")
 
         # 7. API ready (the head serves; workers wait for work)
-        if parsed.headless or self.rank != 0:
+        if server is None:
             self._phase("ready", t, math.inf, "serving")
             self.ready_at = t
             self.at(math.inf)
             return 0
         api_end = t + load["api_ready_s"]
         self._phase("api_ready", t, api_end)
-        port = int(parsed.port or 8000)
-        # Build the server (tokenizer, corpora) while the API phase runs, so its wall-clock
-        # set-up cost is not multiplied by the dilation into a longer cold start.
-        server = self._serving_engine(config, backend, port)
         self.at(api_end)
         try:
             server.start()

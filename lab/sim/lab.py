@@ -163,6 +163,11 @@ class SimLab:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # The trained tokenizer is the same for every lab on this machine: train it once.
         tokenizer = ensure_tokenizer(self.tokenizer_cache or default_cache_dir())
+        # Warm this process's corpus cache now: building it when the API comes up would
+        # take wall-clock time that the dilation turns into a longer cold start.
+        from lab.sim.text import encoded_corpora
+
+        encoded_corpora(tokenizer)
         self.clock = LabClock(self.scenario.dilation, time.time())
         load = self.scenario.truth["load"]
         hub = RendezvousHub(self.scenario.seed, load["rendezvous"]["stall_s"], load["rendezvous"]["needs"])

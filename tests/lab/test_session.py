@@ -26,7 +26,8 @@ FAKE_ENGINE = """#!{python}
 import json, os, sys, http.server
 port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
 with open(os.path.join(os.getcwd(), "engine-argv.json"), "w") as fh:
-    json.dump({{"argv": sys.argv, "env": {{k: v for k, v in os.environ.items() if k.startswith(("NCCL", "VLLM"))}}}}, fh)
+    env = {{k: v for k, v in os.environ.items() if k.startswith(("NCCL", "VLLM"))}}
+    json.dump({{"argv": sys.argv, "env": env}}, fh)
 if os.environ.get("FAKE_ENGINE_FAIL"):
     print("ERROR boom: not enough memory for KV cache", flush=True)
     sys.exit(1)

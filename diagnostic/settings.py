@@ -1,6 +1,228 @@
-"""Django settings (minimal placeholder until the platform core lands)."""
+"""Django settings, read from the environment.
 
-SECRET_KEY = "dev-only-not-secret"  # noqa: S105
-INSTALLED_APPS: list[str] = []
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+A checkout runs as it is (SQLite under out/, Celery in eager mode, email to files under
+out/); a deployment switches each outside system on with one variable: DATABASE_URL,
+CELERY_BROKER_URL, EMAIL_URL. Every variable is parsed by diagnostic.envconfig, which
+stops start-up with the variable's name when a value makes no sense.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from diagnostic.envconfig import (
+    database_from_url,
+    email_from_url,
+    envbool,
+    envint,
+    envlist,
+    envstr,
+    sqlite_database,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+OUT_DIR = Path(envstr("DIAG_OUT_DIR", str(BASE_DIR / "out")))
+
+# Development is the default so that `make demo` works on a fresh checkout; every
+# deployment (docker-compose.yml among them) sets DEBUG=false and its own SECRET_KEY.
+DEBUG = envbool("DEBUG", True)
+
+_secret = envstr("SECRET_KEY", "")
+if not _secret:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set; with DEBUG=false set SECRET_KEY to a long random string "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+        )
+    _secret = "development-only-key-never-used-with-debug-off"  # noqa: S105
+SECRET_KEY = _secret
+
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+SITE_URL = envstr("SITE_URL", "http://localhost:8000")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "diagnostic.bookings",
+    "diagnostic.jobs",
+    "diagnostic.pipelines",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "diagnostic.urls"
+WSGI_APPLICATION = "diagnostic.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Database: SQLite file by default (DIAG_DB moves it), PostgreSQL through DATABASE_URL.
+_database_url = envstr("DATABASE_URL", "")
+if _database_url:
+    _default_db = database_from_url(_database_url, base_dir=BASE_DIR)
+else:
+    _default_db = sqlite_database(Path(envstr("DIAG_DB", str(OUT_DIR / "db.sqlite3"))))
+    if _default_db["NAME"] != ":memory:":
+        Path(_default_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+_default_db["CONN_MAX_AGE"] = envint("DB_CONN_MAX_AGE", 0, minimum=0)
+_default_db["CONN_HEALTH_CHECKS"] = True
+DATABASES = {"default": _default_db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-gb"
+TIME_ZONE = "UTC"
+USE_I18N = True
 USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(envstr("STATIC_ROOT", str(OUT_DIR / "static")))
+MEDIA_ROOT = Path(envstr("MEDIA_ROOT", str(OUT_DIR / "media")))
+MEDIA_URL = "media/"
+
+if not DEBUG:
+    SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", True)
+    CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", True)
+
+# Email: files under out/email by default, SMTP through EMAIL_URL or EMAIL_HOST.
+DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "diagnostic@localhost")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+_email_url = envstr("EMAIL_URL", "")
+if _email_url:
+    _email: dict[str, Any] = email_from_url(_email_url)
+elif envstr("EMAIL_HOST", ""):
+    _email = {
+        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "EMAIL_HOST": envstr("EMAIL_HOST", ""),
+        "EMAIL_PORT": envint("EMAIL_PORT", 25, minimum=1, maximum=65535),
+        "EMAIL_HOST_USER": envstr("EMAIL_HOST_USER", ""),
+        "EMAIL_HOST_PASSWORD": envstr("EMAIL_HOST_PASSWORD", ""),
+        "EMAIL_USE_TLS": envbool("EMAIL_USE_TLS", False),
+        "EMAIL_USE_SSL": envbool("EMAIL_USE_SSL", False),
+    }
+else:
+    _email = {
+        "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+        "EMAIL_FILE_PATH": str(Path(envstr("EMAIL_FILE_PATH", str(OUT_DIR / "email")))),
+    }
+EMAIL_BACKEND: str = _email.pop("EMAIL_BACKEND")
+EMAIL_HOST: str = _email.get("EMAIL_HOST", "localhost")
+EMAIL_PORT: int = _email.get("EMAIL_PORT", 25)
+EMAIL_HOST_USER: str = _email.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD: str = _email.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS: bool = _email.get("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL: bool = _email.get("EMAIL_USE_SSL", False)
+EMAIL_FILE_PATH: str = _email.get("EMAIL_FILE_PATH", str(OUT_DIR / "email"))
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 30, minimum=1)
+
+# Structured logging: one key=value line per event on stderr.
+LOG_LEVEL = envstr("LOG_LEVEL", "INFO").upper()
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(f"LOG_LEVEL={LOG_LEVEL!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+LOGGING: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"kv": {"()": "diagnostic.logfmt.KeyValueFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "kv"}},
+    "root": {"handlers": ["stderr"], "level": "WARNING"},
+    "loggers": {
+        "diagnostic": {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False},
+        "lab": {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False},
+        "reports": {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False},
+        "celery": {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False},
+        "django": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+    },
+}
+
+# Diagnostic jobs: leases, attempts and retry timing (seconds, wall clock).
+DIAG_MAX_STAGE_ATTEMPTS = envint("DIAG_MAX_STAGE_ATTEMPTS", 3, minimum=1)
+DIAG_STAGE_LEASE_S = envint("DIAG_STAGE_LEASE_S", 120, minimum=2)
+DIAG_LAB_LEASE_S = envint("DIAG_LAB_LEASE_S", 300, minimum=2)
+# Leases are renewed several times per lease period so one slow renewal does not lose them.
+DIAG_HEARTBEAT_S = envint("DIAG_HEARTBEAT_S", max(1, DIAG_STAGE_LEASE_S // 4), minimum=1)
+DIAG_RETRY_BASE_S = envint("DIAG_RETRY_BASE_S", 15, minimum=0)
+DIAG_RETRY_MAX_S = envint("DIAG_RETRY_MAX_S", 900, minimum=0)
+DIAG_LAB_BUSY_RETRY_S = envint("DIAG_LAB_BUSY_RETRY_S", 60, minimum=1)
+DIAG_STAGE_TIME_LIMIT_S = envint("DIAG_STAGE_TIME_LIMIT_S", 5400, minimum=60)
+DIAG_REAPER_INTERVAL_S = envint("DIAG_REAPER_INTERVAL_S", 60, minimum=1)
+DIAG_SIM_STATE_DIR = Path(envstr("DIAG_SIM_STATE_DIR", str(OUT_DIR / "labsim")))
+if DIAG_HEARTBEAT_S >= DIAG_STAGE_LEASE_S or DIAG_HEARTBEAT_S >= DIAG_LAB_LEASE_S:
+    raise ImproperlyConfigured(
+        f"DIAG_HEARTBEAT_S={DIAG_HEARTBEAT_S} must be shorter than DIAG_STAGE_LEASE_S="
+        f"{DIAG_STAGE_LEASE_S} and DIAG_LAB_LEASE_S={DIAG_LAB_LEASE_S}, or leases lapse while held"
+    )
+
+# Celery: Redis through CELERY_BROKER_URL; without it tasks run in-process (eager).
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", "")
+CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
+CELERY_TASK_EAGER_PROPAGATES = True
+if not CELERY_BROKER_URL:
+    CELERY_BROKER_URL = "memory://"
+CELERY_RESULT_BACKEND = envstr("CELERY_RESULT_BACKEND", "") or None
+CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None
+CELERY_TASK_DEFAULT_QUEUE = envstr("DIAG_QUEUE", "diagnostic")
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+# A stage may be cut off mid-way (worker killed, machine lost): the message stays
+# unacknowledged and goes back to the queue, and stages check their own completion.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TIME_LIMIT = DIAG_STAGE_TIME_LIMIT_S
+CELERY_TASK_SOFT_TIME_LIMIT = DIAG_STAGE_TIME_LIMIT_S - 30
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Redis re-delivers an unacknowledged message after the visibility timeout. It must
+# exceed the longest task and the longest retry countdown (countdowns are held
+# unacknowledged by the worker), or a healthy task is delivered twice.
+DIAG_VISIBILITY_TIMEOUT_S = envint("DIAG_VISIBILITY_TIMEOUT_S", 7200, minimum=60)
+_longest_wait = max(CELERY_TASK_TIME_LIMIT, DIAG_RETRY_MAX_S, DIAG_LAB_BUSY_RETRY_S)
+if DIAG_VISIBILITY_TIMEOUT_S <= _longest_wait:
+    raise ImproperlyConfigured(
+        f"DIAG_VISIBILITY_TIMEOUT_S={DIAG_VISIBILITY_TIMEOUT_S} must exceed the stage time limit "
+        f"({CELERY_TASK_TIME_LIMIT} s) and every retry countdown (up to {DIAG_RETRY_MAX_S} s)"
+    )
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": DIAG_VISIBILITY_TIMEOUT_S}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": DIAG_VISIBILITY_TIMEOUT_S}
+CELERY_BEAT_SCHEDULE = {
+    "reap-expired-leases": {
+        "task": "diagnostic.jobs.tasks.reap_expired_leases",
+        "schedule": float(DIAG_REAPER_INTERVAL_S),
+    },
+}

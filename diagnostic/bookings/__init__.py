@@ -1,0 +1,1 @@
+"""Customers, labs and lab days, bookings, and the cluster configurations customers submit."""

@@ -1,0 +1,52 @@
+"""Admin for jobs, stage runs, findings, measurements and lab leases."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from diagnostic.jobs.models import DiagnosticJob, Finding, LabLease, Measurement, StageRun
+
+
+class StageRunInline(admin.TabularInline):
+    model = StageRun
+    extra = 0
+    fields = (
+        "order", "name", "status", "attempts", "progress_percent", "progress_message",
+        "lease_owner", "lease_expires_at",
+    )
+    readonly_fields = fields
+    can_delete = False
+
+
+@admin.register(DiagnosticJob)
+class DiagnosticJobAdmin(admin.ModelAdmin):
+    list_display = ("id", "lab", "status", "created_at", "finished_at")
+    list_filter = ("status", "lab")
+    list_select_related = ("lab",)
+    readonly_fields = ("id", "created_at", "started_at", "finished_at")
+    inlines = (StageRunInline,)
+
+
+@admin.register(StageRun)
+class StageRunAdmin(admin.ModelAdmin):
+    list_display = ("job", "order", "name", "status", "attempts", "lease_owner", "lease_expires_at")
+    list_filter = ("status", "name")
+    search_fields = ("job__id",)
+
+
+@admin.register(Finding)
+class FindingAdmin(admin.ModelAdmin):
+    list_display = ("code", "title", "job", "blocking")
+    list_filter = ("code", "blocking")
+    search_fields = ("code", "title")
+
+
+@admin.register(Measurement)
+class MeasurementAdmin(admin.ModelAdmin):
+    list_display = ("job", "workload", "configuration", "n", "mean_tps", "ci95_low", "ci95_high")
+    list_filter = ("workload",)
+
+
+@admin.register(LabLease)
+class LabLeaseAdmin(admin.ModelAdmin):
+    list_display = ("lab", "job", "owner", "expires_at")

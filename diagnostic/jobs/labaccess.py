@@ -1,0 +1,68 @@
+"""Reaching a job's lab: the default way to open a lab session for a Lab row, and the
+lazy holder that opens it only when a stage first needs it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+
+from diagnostic.bookings.models import Lab
+from lab.session import LabError, LabSession
+
+# How the orchestrator reaches a lab: given the Lab row, a context manager yielding an
+# open session. The diagnose command and tests pass their own.
+SessionFactory = Callable[[Lab], AbstractContextManager[LabSession]]
+
+
+class LabNotServing(LabError):
+    """A simulated lab the job needs is not running."""
+
+
+@contextmanager
+def open_lab_session(lab: Lab) -> Iterator[LabSession]:
+    """A session on `lab`'s inventory; for `sim:` labs, the inventory a running
+    `python -m lab sim serve` wrote under DIAG_SIM_STATE_DIR."""
+    path = lab.inventory_path()
+    if lab.is_simulated and not path.exists():
+        scenario = lab.inventory.removeprefix("sim:")
+        raise LabNotServing(
+            f"simulated lab {lab.name!r} is not serving: no inventory at {path}; start it with "
+            f"`python -m lab sim serve --scenario {scenario} --state-dir {path.parent}`"
+        )
+    session = LabSession.open(path)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+class LabAccess:
+    """Opens the lab session the first time a stage asks for it, and closes it after."""
+
+    def __init__(self, factory: SessionFactory, lab: Lab) -> None:
+        self._factory = factory
+        self._lab = lab
+        self._stack = ExitStack()
+        self._session: LabSession | None = None
+
+    @property
+    def opened(self) -> bool:
+        return self._session is not None
+
+    def session(self) -> LabSession:
+        if self._session is None:
+            self._session = self._stack.enter_context(self._factory(self._lab))
+        return self._session
+
+    def lab_seconds_since(self, wall_start: float) -> float:
+        """Lab seconds elapsed since the monotonic `wall_start`; a stage that never
+        touched the lab counts wall time, which is lab time on every real lab."""
+        wall = time.monotonic() - wall_start
+        if self._session is None:
+            return wall
+        return self._session.clock.lab_seconds(wall)
+
+    def close(self) -> None:
+        self._session = None
+        self._stack.close()

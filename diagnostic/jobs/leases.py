@@ -1,0 +1,215 @@
+"""Leases: who may run a stage, and which job holds a lab, decided by the database.
+
+Every transition is one conditional UPDATE that must change exactly one row, so two
+workers that find the same stage (a re-delivered message, the reaper, a duplicate
+enqueue) cannot both run it: the loser changes nothing and walks away. A lease has an
+expiry renewed by its holder's heartbeat; when a worker dies the lease lapses and the
+stage or lab becomes claimable again.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from diagnostic.bookings.models import Lab
+from diagnostic.jobs.models import DiagnosticJob, LabLease, StageRun
+
+log = logging.getLogger(__name__)
+
+Status = StageRun.Status
+
+
+class Claim(enum.Enum):
+    CLAIMED = "claimed"
+    QUARANTINED = "quarantined"  # out of attempts: set aside, never run again
+    UNAVAILABLE = "unavailable"  # done, or running under someone else's live lease
+
+
+def _claimable(now: datetime) -> Q:
+    return Q(status=Status.PENDING) | Q(status=Status.RUNNING, lease_expires_at__lt=now)
+
+
+def claim_stage(stage_id: int, *, owner: str, lease_s: float, max_attempts: int) -> Claim:
+    """Take the stage for `owner`: pending (or running under an expired lease) becomes
+    running with a fresh lease and one more attempt. A stage already tried
+    `max_attempts` times is quarantined instead."""
+    now = timezone.now()
+    claimed = (
+        StageRun.objects.filter(_claimable(now), pk=stage_id, attempts__lt=max_attempts)
+        .update(
+            status=Status.RUNNING,
+            lease_owner=owner,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+            attempts=F("attempts") + 1,
+            started_at=now,
+            finished_at=None,
+            progress_percent=0,
+            progress_message="",
+            status_message="",
+            result=None,
+            log="",
+        )
+    )
+    if claimed == 1:
+        return Claim.CLAIMED
+    if quarantine_stage(stage_id, max_attempts=max_attempts, now=now):
+        return Claim.QUARANTINED
+    return Claim.UNAVAILABLE
+
+
+def quarantine_stage(stage_id: int, *, max_attempts: int, now: datetime | None = None) -> bool:
+    """Set aside a claimable stage that has used up its attempts; True if this call did."""
+    now = now or timezone.now()
+    stage = StageRun.objects.filter(pk=stage_id).only("attempts", "last_error").first()
+    if stage is None:
+        return False
+    last = stage.last_error or "the worker running it stopped before finishing (lease expired)"
+    message = (
+        f"quarantined after {stage.attempts} attempts (limit {max_attempts}); not retried again. "
+        f"Last error: {last}"
+    )
+    changed = StageRun.objects.filter(_claimable(now), pk=stage_id, attempts__gte=max_attempts).update(
+        status=Status.QUARANTINED,
+        status_message=message,
+        lease_owner="",
+        lease_expires_at=None,
+        finished_at=now,
+    )
+    if changed:
+        log.warning("stage quarantined", extra={"stage_id": stage_id, "attempts": stage.attempts})
+    return changed == 1
+
+
+def renew_stage_lease(stage_id: int, *, owner: str, lease_s: float) -> bool:
+    """Extend a running stage's lease; False when `owner` no longer holds it."""
+    changed = StageRun.objects.filter(pk=stage_id, status=Status.RUNNING, lease_owner=owner).update(
+        lease_expires_at=timezone.now() + timedelta(seconds=lease_s)
+    )
+    return changed == 1
+
+
+def release_stage(stage_id: int, *, owner: str, error: str) -> bool:
+    """Give a running stage back (pending) after a transient failure, keeping the error."""
+    changed = StageRun.objects.filter(pk=stage_id, status=Status.RUNNING, lease_owner=owner).update(
+        status=Status.PENDING,
+        lease_owner="",
+        lease_expires_at=None,
+        last_error=error,
+        status_message=f"waiting to retry: {error}",
+    )
+    return changed == 1
+
+
+def end_stage(
+    stage_id: int, *, owner: str, status: str, message: str = "", error: str | None = None
+) -> bool:
+    """Move a stage `owner` runs to a final status other than succeeded."""
+    fields: dict[str, object] = {
+        "status": status,
+        "status_message": message,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "finished_at": timezone.now(),
+    }
+    if error is not None:
+        fields["last_error"] = error
+    changed = StageRun.objects.filter(pk=stage_id, status=Status.RUNNING, lease_owner=owner).update(
+        **fields
+    )
+    return changed == 1
+
+
+def reap_expired_stage_leases(*, max_attempts: int) -> list[str]:
+    """Stages whose worker died: back to pending, or quarantined when out of attempts.
+    Returns the ids of the jobs that have work to resume."""
+    now = timezone.now()
+    jobs: set[str] = set()
+    expired = StageRun.objects.filter(status=Status.RUNNING, lease_expires_at__lt=now).values_list(
+        "pk", "job_id", "attempts"
+    )
+    for stage_id, job_id, attempts in expired:
+        if attempts >= max_attempts:
+            quarantine_stage(stage_id, max_attempts=max_attempts, now=now)
+            jobs.add(str(job_id))
+            continue
+        changed = StageRun.objects.filter(
+            pk=stage_id, status=Status.RUNNING, lease_expires_at__lt=now
+        ).update(
+            status=Status.PENDING,
+            lease_owner="",
+            lease_expires_at=None,
+            last_error="the worker running it stopped before finishing (lease expired)",
+        )
+        if changed:
+            log.warning("stage lease expired; re-queued", extra={"stage_id": stage_id, "job": str(job_id)})
+            jobs.add(str(job_id))
+    return sorted(jobs)
+
+
+def stalled_jobs() -> list[str]:
+    """Running jobs that nobody is working on: no stage under a live lease and no live
+    lab lease (the worker died between stages). Re-enqueueing them is harmless."""
+    now = timezone.now()
+    live_stage = StageRun.objects.filter(status=Status.RUNNING, lease_expires_at__gte=now)
+    live_lab = LabLease.objects.filter(expires_at__gte=now)
+    return [
+        str(pk)
+        for pk in DiagnosticJob.objects.filter(status=DiagnosticJob.Status.RUNNING)
+        .exclude(pk__in=live_stage.values("job_id"))
+        .exclude(pk__in=live_lab.values("job_id"))
+        .values_list("pk", flat=True)
+    ]
+
+
+# -- the lab lease ---------------------------------------------------------------------
+
+
+def _lease_row(lab: Lab) -> None:
+    """Make sure the lab has its lease row; concurrent creators both succeed."""
+    if LabLease.objects.filter(lab=lab).exists():
+        return
+    try:
+        with transaction.atomic():
+            LabLease.objects.create(lab=lab)
+    except IntegrityError:
+        pass  # another process created it first; the row is all we need
+
+
+def acquire_lab(job: DiagnosticJob, *, owner: str, lease_s: float) -> bool:
+    """Make `job` the holder of its lab. Succeeds when the lab is free, its lease has
+    expired, or the job already holds it (another task of the same job, whose stages
+    are serialised by their own leases)."""
+    _lease_row(job.lab)
+    now = timezone.now()
+    free = Q(job__isnull=True) | Q(expires_at__isnull=True) | Q(expires_at__lt=now) | Q(job=job)
+    changed = LabLease.objects.filter(free, lab=job.lab).update(
+        job=job, owner=owner, acquired_at=now, expires_at=now + timedelta(seconds=lease_s)
+    )
+    return changed == 1
+
+
+def renew_lab(job: DiagnosticJob | str, *, owner: str, lease_s: float) -> bool:
+    """Extend the lab lease `job` holds; False when it holds none."""
+    job_id = str(job.pk) if isinstance(job, DiagnosticJob) else job
+    changed = LabLease.objects.filter(job__pk=job_id).update(
+        owner=owner, expires_at=timezone.now() + timedelta(seconds=lease_s)
+    )
+    return changed == 1
+
+
+def release_lab(job: DiagnosticJob) -> bool:
+    changed = LabLease.objects.filter(job=job).update(job=None, owner="", expires_at=None)
+    return changed == 1
+
+
+def lab_holder(lab: Lab) -> str | None:
+    """The id of the job holding the lab now, if any."""
+    now = timezone.now()
+    lease = LabLease.objects.filter(lab=lab, job__isnull=False, expires_at__gte=now).first()
+    return str(lease.job_id) if lease else None

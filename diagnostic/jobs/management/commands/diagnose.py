@@ -1,0 +1,234 @@
+"""`manage.py diagnose`: one diagnostic end to end, from a configuration file to
+DIR/findings.json.
+
+    python manage.py diagnose --config FILE --lab sim:SCENARIO.yaml --out DIR
+        [--stages a,b] [--seed N] [--queue]
+
+`--lab sim:FILE` starts the simulated lab for the run and stops it afterwards;
+`--lab inventory:FILE` uses a real (or separately served) lab. Without `--queue` the
+job runs in this process; with it, Celery workers run it and this command waits.
+Log records go to DIR/diagnose.log (and to stderr with -v 2), so that a failure ends
+with one clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+
+from diagnostic.bookings.configs import submit_configuration
+from diagnostic.bookings.models import SIM_PREFIX, ClusterConfiguration, Lab
+from diagnostic.jobs.findings import build_findings, validate_findings
+from diagnostic.jobs.labaccess import open_lab_session
+from diagnostic.jobs.leases import lab_holder
+from diagnostic.jobs.models import DiagnosticJob, StageRun
+from diagnostic.jobs.orchestration import Next, Outcome, create_job, run_until_done
+from diagnostic.jobs.registry import UnknownStage
+from diagnostic.jobs.tasks import enqueue_job
+from diagnostic.logfmt import KeyValueFormatter
+from lab.config import ConfigError
+from lab.inventory import InventoryError, load_inventory
+from lab.session import LabError
+from lab.sim.lab import SimLab
+from lab.sim.scenario import ScenarioError, load_scenario
+
+CONFIG_MAX_BYTES = 1024 * 1024
+# A YAML configuration starts with `key:`; anything else is taken as a launch command.
+_YAML_KEY = re.compile(r"^[A-Za-z_][\w.-]*\s*:(\s|$)")
+QUEUE_POLL_S = 1.0
+
+
+def looks_like_yaml(text: str) -> bool:
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or stripped == "---":
+            continue
+        return bool(_YAML_KEY.match(stripped))
+    return True
+
+
+class Command(BaseCommand):
+    help = "Run one diagnostic end to end and write DIR/findings.json."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--config", required=True, type=Path,
+                            help="customer configuration: diagnostic.config/1 YAML or a launch command")
+        parser.add_argument("--lab", required=True,
+                            help="sim:SCENARIO.yaml (simulated lab, started for this run) or inventory:FILE")
+        parser.add_argument("--out", required=True, type=Path, help="directory for findings.json")
+        parser.add_argument("--stages", help="comma-separated stages to run (default: all)")
+        parser.add_argument("--seed", type=int, default=0, help="seed for the pipelines' sampling")
+        parser.add_argument("--queue", action="store_true",
+                            help="hand the job to Celery workers (needs CELERY_BROKER_URL) and wait")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        out: Path = options["out"]
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CommandError(f"--out {out}: cannot create the directory ({exc.strerror})") from exc
+        if options["seed"] < 0:
+            raise CommandError(f"--seed must be 0 or more, got {options['seed']}")
+        if options["queue"] and settings.CELERY_TASK_ALWAYS_EAGER:
+            raise CommandError(
+                "--queue needs CELERY_BROKER_URL (e.g. redis://127.0.0.1:6379/0) and a running "
+                "worker (celery -A diagnostic worker); without --queue the job runs here"
+            )
+        stages = options["stages"].split(",") if options["stages"] else None
+        with self._log_to(out / "diagnose.log", verbose=options["verbosity"] >= 2), ExitStack() as stack:
+            try:
+                config = self._configuration(options["config"])
+                lab = self._lab(options["lab"], stack)
+                job = self._run(config, lab, stages, options["seed"], queue=options["queue"])
+            except (ConfigError, InventoryError, ScenarioError, UnknownStage, LabError) as exc:
+                raise CommandError(str(exc)) from exc
+            except KeyboardInterrupt:
+                raise CommandError("interrupted; the job was asked to cancel") from None
+        path = self._write(job, out)
+        if job.status != DiagnosticJob.Status.SUCCEEDED:
+            raise CommandError(
+                f"job {job.pk} {job.status}: {job.status_message or 'see the stage table'}; "
+                f"findings so far in {path}"
+            )
+
+    # -- inputs --------------------------------------------------------------------------
+    def _configuration(self, path: Path) -> ClusterConfiguration:
+        try:
+            size = path.stat().st_size
+            if size > CONFIG_MAX_BYTES:
+                raise CommandError(f"--config {path}: {size} bytes is far too large for a configuration")
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"--config {path}: cannot read ({exc.strerror})") from exc
+        except UnicodeDecodeError:
+            raise CommandError(f"--config {path}: not UTF-8 text") from None
+        kinds = ClusterConfiguration.Source
+        source = kinds.YAML if looks_like_yaml(text) else kinds.COMMAND
+        try:
+            return submit_configuration(raw_text=text, source=source, label=path.name)
+        except ValidationError as exc:
+            raise CommandError(f"--config {path}: {'; '.join(exc.messages)}") from exc
+
+    def _lab(self, spec: str, stack: ExitStack) -> Lab:
+        kind, _, target = spec.partition(":")
+        if kind == "sim" and target:
+            scenario = load_scenario(target)
+            lab = _upsert_lab(f"{SIM_PREFIX}{scenario.name}", f"{SIM_PREFIX}{Path(target).resolve()}")
+            holder = lab_holder(lab)
+            if holder is not None:
+                raise CommandError(f"lab {lab.name} is in use by job {holder}; wait for it or cancel it")
+            self.stdout.write(f"starting simulated lab {scenario.name} (dilation {scenario.dilation:g})")
+            sim = SimLab(scenario, lab.sim_state_dir)
+            stack.enter_context(sim)
+            lab.sync_nodes(load_inventory(sim.inventory_path))
+            return lab
+        if kind == "inventory" and target:
+            inventory = load_inventory(target)
+            lab = _upsert_lab(inventory.name, str(Path(target).resolve()))
+            lab.sync_nodes(inventory)
+            return lab
+        raise CommandError(f"--lab must be sim:SCENARIO.yaml or inventory:FILE, got {spec!r}")
+
+    # -- running -------------------------------------------------------------------------
+    def _run(
+        self, config: ClusterConfiguration, lab: Lab, stages: list[str] | None, seed: int, *, queue: bool
+    ) -> DiagnosticJob:
+        printed: dict[str, str] = {}
+        if queue:
+            with transaction.atomic():
+                job = create_job(config=config, lab=lab, stages=stages, seed=seed)
+                enqueue_job(job)
+            self.stdout.write(f"job {job.pk} queued on {lab.name}")
+            try:
+                while not job.is_terminal:
+                    time.sleep(QUEUE_POLL_S)
+                    job.refresh_from_db()
+                    self._report_stages(job, printed)
+            except KeyboardInterrupt:
+                job.request_cancel()
+                raise
+            self._report_stages(job, printed)
+            return job
+
+        job = create_job(config=config, lab=lab, stages=stages, seed=seed)
+        self.stdout.write(f"job {job.pk} on {lab.name}: {', '.join(_stage_names(job))}")
+
+        def on_step(outcome: Outcome) -> None:
+            self._report_stages(job, printed)
+            if outcome.next in (Next.RETRY, Next.LAB_BUSY, Next.ELSEWHERE):
+                wait = f" (next try in {outcome.countdown:g} s)" if outcome.countdown else ""
+                self.stdout.write(f"  waiting: {outcome.message}{wait}")
+
+        try:
+            return run_until_done(str(job.pk), open_lab_session, max_stages=1, on_step=on_step)
+        except KeyboardInterrupt:
+            job.request_cancel()
+            raise
+
+    def _report_stages(self, job: DiagnosticJob, printed: dict[str, str]) -> None:
+        """One line per stage each time its status changes."""
+        for stage in StageRun.objects.filter(job=job).order_by("order"):
+            if printed.get(stage.name) == stage.status or stage.status == StageRun.Status.PENDING:
+                continue
+            printed[stage.name] = stage.status
+            seconds = f"{stage.lab_seconds:9.1f} lab s" if stage.lab_seconds is not None else " " * 15
+            detail = stage.status_message or stage.progress_message
+            self.stdout.write(f"  {stage.name:<12} {stage.status:<12}{seconds}  {detail}".rstrip())
+
+    # -- output --------------------------------------------------------------------------
+    def _write(self, job: DiagnosticJob, out: Path) -> Path:
+        job.refresh_from_db()
+        document = job.findings or build_findings(job)
+        validate_findings(document)
+        path = out / "findings.json"
+        path.write_text(json.dumps(document, indent=2) + "\n")
+        logs = out / "logs"
+        logs.mkdir(exist_ok=True)
+        for stage in job.stage_runs.order_by("order"):
+            if stage.log:
+                (logs / f"{stage.order:02d}-{stage.name}.log").write_text(stage.log)
+        self.stdout.write(f"job {job.pk} {job.status}; lab time {document['job']['lab_time_s']:.0f} s")
+        for finding in document["findings"]:
+            self.stdout.write(f"  {finding['code']:<24} {finding['title']}")
+        self.stdout.write(f"wrote {path}")
+        return path
+
+    @contextmanager
+    def _log_to(self, path: Path, *, verbose: bool) -> Iterator[None]:
+        """Send the platform's log records to `path` (and stderr only when verbose)."""
+        handler = logging.FileHandler(path)
+        handler.setFormatter(KeyValueFormatter())
+        saved: list[tuple[logging.Logger, list[logging.Handler], int]] = []
+        # The root logger too: libraries such as paramiko log there.
+        for name in ("diagnostic", "lab", "celery", None):
+            logger = logging.getLogger(name)
+            saved.append((logger, list(logger.handlers), logger.level))
+            logger.handlers = [*logger.handlers, handler] if verbose else [handler]
+            logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+        try:
+            yield
+        finally:
+            for logger, handlers, level in saved:
+                logger.handlers = handlers
+                logger.setLevel(level)
+            handler.close()
+
+
+def _upsert_lab(name: str, inventory: str) -> Lab:
+    lab, _ = Lab.objects.update_or_create(name=name, defaults={"inventory": inventory})
+    return lab
+
+
+def _stage_names(job: DiagnosticJob) -> list[str]:
+    return list(job.stage_runs.order_by("order").values_list("name", flat=True))

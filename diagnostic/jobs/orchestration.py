@@ -1,0 +1,432 @@
+"""Running a diagnostic job: its stages in order, each claimed under a lease, on a lab the
+job holds alone.
+
+`orchestrate` does one pass: take the lab, then claim and run pending stages until the
+job ends, a stage must wait (a transient lab error: retry later with backoff), the lab
+is busy, another worker holds the stage, or `max_stages` have run. It never sleeps, so
+the Celery task can turn every "later" into a countdown; `run_until_done` is the
+synchronous loop the diagnose command and eager mode use.
+
+Guarantees: a stage that succeeded never runs again; a retried stage starts from its
+beginning (its findings are saved only with its success); a stage that used up its
+attempts is quarantined with a message saying so; a cancel request is honoured between
+stages and, through the heartbeat, during one.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connections, transaction
+from django.utils import timezone
+
+from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab
+from diagnostic.jobs import leases
+from diagnostic.jobs.context import StageCancelled, StageContext, StopJob
+from diagnostic.jobs.findings import build_findings
+from diagnostic.jobs.labaccess import LabAccess, SessionFactory
+from diagnostic.jobs.leases import Claim
+from diagnostic.jobs.models import DiagnosticJob, Finding, Measurement, StageRun
+from diagnostic.jobs.registry import Stage, lookup, select_stages
+from lab.session import LabError
+
+log = logging.getLogger(__name__)
+
+JobStatus = DiagnosticJob.Status
+StageStatus = StageRun.Status
+
+
+class Next(enum.Enum):
+    FINISHED = "finished"  # the job has ended
+    MORE = "more"  # stages remain; run again now
+    RETRY = "retry"  # a stage hit a transient lab error; run again after `countdown`
+    LAB_BUSY = "lab_busy"  # another job holds the lab; try again after `countdown`
+    ELSEWHERE = "elsewhere"  # another worker holds the next stage's lease
+
+
+@dataclass(frozen=True)
+class Outcome:
+    next: Next
+    countdown: float = 0.0
+    message: str = ""
+
+
+def worker_identity(task_id: str | None = None) -> str:
+    """Who holds a lease: host, process and (under Celery) the task delivery."""
+    base = f"{socket.gethostname()}:{os.getpid()}"
+    return f"{base}:{task_id}" if task_id else base
+
+
+def retry_countdown(attempt: int) -> float:
+    """Exponential backoff after the `attempt`-th failed try, capped (the cap stays below
+    the broker's visibility timeout; settings check that)."""
+    base = float(settings.DIAG_RETRY_BASE_S)
+    return float(min(settings.DIAG_RETRY_MAX_S, base * 2 ** max(0, attempt - 1)))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Lab errors worth another try: an unreachable node, a launch that timed out."""
+    return isinstance(exc, LabError) and bool(getattr(exc, "transient", False))
+
+
+def create_job(
+    *,
+    config: ClusterConfiguration,
+    lab: Lab,
+    stages: Iterable[str] | None = None,
+    seed: int = 0,
+    booking: Booking | None = None,
+    created_by: Any = None,
+) -> DiagnosticJob:
+    """A queued job with one pending StageRun per selected stage (all by default)."""
+    plan = select_stages(stages)
+    with transaction.atomic():
+        job = DiagnosticJob.objects.create(
+            config=config, lab=lab, seed=seed, booking=booking, created_by=created_by
+        )
+        StageRun.objects.bulk_create(
+            StageRun(job=job, name=stage.name, order=index) for index, stage in enumerate(plan)
+        )
+    return job
+
+
+class Heartbeat:
+    """Renews a running stage's lease and the job's lab lease while the stage works, and
+    notices a cancel request. Runs in a thread with its own database connection, so a
+    stage blocked in a long lab call (a 10-minute cold start) keeps its leases; when the
+    worker process dies the renewals stop and the leases lapse."""
+
+    def __init__(self, *, stage_id: int, job_id: str, owner: str, cancel: threading.Event) -> None:
+        self.stage_id = stage_id
+        self.job_id = job_id
+        self.owner = owner
+        self.cancel = cancel
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{stage_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(settings.DIAG_HEARTBEAT_S):
+                self.beat()
+        finally:
+            connections.close_all()
+
+    def beat(self) -> None:
+        try:
+            if not leases.renew_stage_lease(
+                self.stage_id, owner=self.owner, lease_s=settings.DIAG_STAGE_LEASE_S
+            ):
+                log.warning("stage lease lost", extra={"stage_id": self.stage_id, "owner": self.owner})
+                self.lost.set()
+                self.cancel.set()
+                return
+            leases.renew_lab(self.job_id, owner=self.owner, lease_s=settings.DIAG_LAB_LEASE_S)
+            if DiagnosticJob.objects.filter(pk=self.job_id, cancel_requested=True).exists():
+                self.cancel.set()
+        except DatabaseError:
+            # One failed renewal is survivable: the lease outlasts several heartbeats.
+            log.warning("heartbeat could not reach the database", exc_info=True,
+                        extra={"stage_id": self.stage_id})
+
+
+class Verdict(enum.Enum):
+    SUCCEEDED = "succeeded"
+    STOP_JOB = "stop_job"
+    CANCELLED = "cancelled"
+    TRANSIENT = "transient"
+    FAILED = "failed"
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass
+class StageEnd:
+    verdict: Verdict
+    message: str = ""
+
+
+def orchestrate(
+    job_id: str,
+    session_factory: SessionFactory,
+    *,
+    owner: str | None = None,
+    max_stages: int | None = None,
+) -> Outcome:
+    """One pass over the job's stages; see the module docstring."""
+    owner = owner or worker_identity()
+    job = DiagnosticJob.objects.select_related("lab", "config").filter(pk=job_id).first()
+    if job is None:
+        # A message that outlived its job (deleted, or a database restored from backup).
+        log.warning("no such job; message dropped", extra={"job": job_id})
+        return Outcome(Next.FINISHED, message=f"no job {job_id}")
+    if job.is_terminal:
+        return Outcome(Next.FINISHED, message=f"job already {job.status}")
+    if job.cancel_requested:
+        return _cancel(job)
+    if not leases.acquire_lab(job, owner=owner, lease_s=settings.DIAG_LAB_LEASE_S):
+        holder = leases.lab_holder(job.lab)
+        return Outcome(
+            Next.LAB_BUSY,
+            countdown=float(settings.DIAG_LAB_BUSY_RETRY_S),
+            message=f"lab {job.lab.name} is held by job {holder}",
+        )
+    now = timezone.now()
+    if DiagnosticJob.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
+        status=JobStatus.RUNNING, started_at=now
+    ):
+        log.info("job started", extra={"job": str(job.pk), "lab": job.lab.name, "owner": owner})
+    job.refresh_from_db()
+
+    access = LabAccess(session_factory, job.lab)
+    ran = 0
+    try:
+        for stage in list(job.stage_runs.order_by("order")):
+            stage.refresh_from_db()
+            if stage.is_done:
+                continue
+            if DiagnosticJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+                return _cancel(job)
+            if max_stages is not None and ran >= max_stages:
+                return Outcome(Next.MORE)
+            spec = lookup(stage.name)
+            claim = leases.claim_stage(
+                stage.pk, owner=owner, lease_s=settings.DIAG_STAGE_LEASE_S,
+                max_attempts=settings.DIAG_MAX_STAGE_ATTEMPTS,
+            )
+            stage.refresh_from_db()
+            if claim is Claim.UNAVAILABLE:
+                if stage.is_done:
+                    continue
+                return Outcome(Next.ELSEWHERE, message=f"stage {stage.name} is held by {stage.lease_owner}")
+            if claim is Claim.QUARANTINED:
+                log.warning("stage quarantined", extra={"job": str(job.pk), "stage": stage.name})
+                if spec is None or spec.required:
+                    return _stop(job, JobStatus.FAILED, f"{stage.name}: {stage.status_message}")
+                continue
+            ran += 1
+            end = _run_claimed(job, stage, spec, owner, access)
+            if end.verdict is Verdict.SUCCEEDED:
+                continue
+            if end.verdict is Verdict.LEASE_LOST:
+                return Outcome(Next.ELSEWHERE, message=end.message)
+            if end.verdict is Verdict.STOP_JOB:
+                return _stop(job, JobStatus.FAILED, end.message)
+            if end.verdict is Verdict.CANCELLED:
+                return _cancel(job)
+            if end.verdict is Verdict.TRANSIENT:
+                countdown = retry_countdown(stage.attempts)
+                # The job keeps the lab while it waits to retry, and the reaper leaves it be.
+                leases.renew_lab(job, owner=owner, lease_s=countdown + settings.DIAG_LAB_LEASE_S)
+                return Outcome(Next.RETRY, countdown=countdown, message=end.message)
+            # FAILED, or a transient error on the last attempt (quarantined).
+            if spec is None or spec.required:
+                return _stop(job, JobStatus.FAILED, f"{stage.name}: {end.message}")
+        return _finish(job)
+    finally:
+        access.close()
+
+
+def _run_claimed(
+    job: DiagnosticJob, stage: StageRun, spec: Stage | None, owner: str, access: LabAccess
+) -> StageEnd:
+    """Run a stage this worker has claimed and record how it ended."""
+    log_extra = {"job": str(job.pk), "stage": stage.name, "attempt": stage.attempts, "owner": owner}
+    if spec is None:
+        message = (
+            f"no stage named {stage.name!r} is registered in this worker; "
+            "deploy the same code to every worker"
+        )
+        leases.end_stage(stage.pk, owner=owner, status=StageStatus.FAILED, message=message, error=message)
+        return StageEnd(Verdict.FAILED, message)
+
+    ctx = StageContext(
+        job=job, stage=stage, owner=owner,
+        max_attempts=settings.DIAG_MAX_STAGE_ATTEMPTS, access=access,
+    )
+    log.info("stage started", extra=log_extra)
+    ctx.log(f"attempt {stage.attempts} of {settings.DIAG_MAX_STAGE_ATTEMPTS} by {owner}")
+    wall_start = time.monotonic()
+    result: dict[str, Any] = {}
+    verdict = Verdict.SUCCEEDED
+    message = ""
+    with Heartbeat(stage_id=stage.pk, job_id=str(job.pk), owner=owner, cancel=ctx.cancel_event) as beat:
+        try:
+            result = spec.run(ctx)
+        except StopJob as stop:
+            verdict, message, result = Verdict.STOP_JOB, stop.reason, stop.result
+        except StageCancelled as exc:
+            verdict, message = Verdict.CANCELLED, str(exc)
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            verdict = Verdict.TRANSIENT if is_transient(exc) else Verdict.FAILED
+            ctx.attach("error", traceback.format_exc())
+    lab_seconds = access.lab_seconds_since(wall_start)
+    if beat.lost.is_set():
+        log.warning("stage lease was lost while running; result discarded", extra=log_extra)
+        return StageEnd(Verdict.LEASE_LOST, f"lease of {stage.name} was taken over")
+    if verdict is Verdict.CANCELLED and not _cancel_requested(job):
+        verdict = Verdict.FAILED  # a stage raising StageCancelled on its own is a bug
+
+    if verdict in (Verdict.SUCCEEDED, Verdict.STOP_JOB):
+        if not _complete(ctx, result, lab_seconds, message):
+            return StageEnd(Verdict.LEASE_LOST, f"lease of {stage.name} was taken over")
+        log.info("stage succeeded", extra={**log_extra, "lab_seconds": round(lab_seconds, 3)})
+        return StageEnd(verdict, message)
+
+    StageRun.objects.filter(pk=stage.pk, lease_owner=owner).update(log=ctx.log_text, lab_seconds=lab_seconds)
+    if verdict is Verdict.CANCELLED:
+        leases.end_stage(stage.pk, owner=owner, status=StageStatus.CANCELLED,
+                         message="cancelled while running")
+        return StageEnd(verdict, message)
+    if verdict is Verdict.TRANSIENT and stage.attempts < settings.DIAG_MAX_STAGE_ATTEMPTS:
+        countdown = retry_countdown(stage.attempts)
+        leases.release_stage(stage.pk, owner=owner, error=f"attempt {stage.attempts}: {message}")
+        log.warning("stage hit a transient lab error; will retry",
+                    extra={**log_extra, "error": message, "countdown_s": countdown})
+        return StageEnd(verdict, message)
+    if verdict is Verdict.TRANSIENT:
+        quarantine = (
+            f"quarantined after {stage.attempts} attempts (limit {settings.DIAG_MAX_STAGE_ATTEMPTS}); "
+            f"not retried again. Last error: {message}"
+        )
+        leases.end_stage(stage.pk, owner=owner, status=StageStatus.QUARANTINED,
+                         message=quarantine, error=message)
+        log.error("stage quarantined", extra={**log_extra, "error": message})
+        return StageEnd(Verdict.FAILED, quarantine)
+    leases.end_stage(stage.pk, owner=owner, status=StageStatus.FAILED, message=message, error=message)
+    log.error("stage failed", extra={**log_extra, "error": message})
+    return StageEnd(Verdict.FAILED, message)
+
+
+def _complete(ctx: StageContext, result: dict[str, Any], lab_seconds: float, message: str) -> bool:
+    """Mark the stage succeeded and save its findings and measurements, all or nothing,
+    provided this worker still holds its lease."""
+    stage = ctx.stage
+    with transaction.atomic():
+        changed = StageRun.objects.filter(
+            pk=stage.pk, status=StageStatus.RUNNING, lease_owner=ctx.owner
+        ).update(
+            status=StageStatus.SUCCEEDED,
+            status_message=message,
+            result=result,
+            log=ctx.log_text,
+            progress_percent=100,
+            lab_seconds=lab_seconds,
+            finished_at=timezone.now(),
+            lease_owner="",
+            lease_expires_at=None,
+        )
+        if changed != 1:
+            return False
+        Finding.objects.bulk_create(
+            Finding(job=ctx.job, stage=stage, code=f.code, title=f.title, blocking=f.blocking,
+                    evidence=f.evidence, change=f.change, impact=f.impact)
+            for f in ctx.findings
+        )
+        Measurement.objects.bulk_create(
+            Measurement(job=ctx.job, stage=stage, workload=m.workload, configuration=m.configuration,
+                        n=m.n, mean_tps=m.mean_tps, ci95_low=m.ci95[0], ci95_high=m.ci95[1],
+                        ttft_s=m.ttft_s, samples=m.samples)
+            for m in ctx.measurements
+        )
+    return True
+
+
+def _cancel_requested(job: DiagnosticJob) -> bool:
+    return DiagnosticJob.objects.filter(pk=job.pk, cancel_requested=True).exists()
+
+
+def _cancel(job: DiagnosticJob) -> Outcome:
+    """End a job whose cancel was requested, unless a stage still runs under a live lease
+    elsewhere (its heartbeat will stop it and that worker ends the job)."""
+    now = timezone.now()
+    if job.stage_runs.filter(status=StageStatus.RUNNING, lease_expires_at__gte=now).exists():
+        return Outcome(Next.ELSEWHERE, message="cancel requested; waiting for the running stage to stop")
+    return _stop(job, JobStatus.CANCELLED, "cancelled on request")
+
+
+def _stop(job: DiagnosticJob, status: str, reason: str) -> Outcome:
+    """End the job early: stages not run are cancelled, saying why."""
+    job.stage_runs.filter(status__in=[StageStatus.PENDING, StageStatus.RUNNING]).update(
+        status=StageStatus.CANCELLED,
+        status_message=f"not run: {reason}",
+        lease_owner="",
+        lease_expires_at=None,
+    )
+    return _end_job(job, status, reason)
+
+
+def _finish(job: DiagnosticJob) -> Outcome:
+    statuses = set(job.stage_runs.values_list("status", flat=True))
+    if statuses <= {StageStatus.SUCCEEDED}:
+        return _end_job(job, JobStatus.SUCCEEDED, "")
+    troubled = list(
+        job.stage_runs.exclude(status=StageStatus.SUCCEEDED).values_list("name", "status")
+    )
+    summary = ", ".join(f"{name} {status}" for name, status in troubled)
+    return _end_job(job, JobStatus.PARTIAL, f"finished without: {summary}")
+
+
+def _end_job(job: DiagnosticJob, status: str, message: str) -> Outcome:
+    now = timezone.now()
+    # The final status and the findings document that reports it appear together.
+    with transaction.atomic():
+        changed = (
+            DiagnosticJob.objects.filter(pk=job.pk)
+            .exclude(status__in=DiagnosticJob.TERMINAL)
+            .update(status=status, status_message=message, finished_at=now)
+        )
+        job.refresh_from_db()
+        if changed:
+            job.findings = build_findings(job)
+            job.save(update_fields=["findings"])
+    leases.release_lab(job)
+    if changed:
+        log.info("job ended", extra={"job": str(job.pk), "status": status, "reason": message})
+    return Outcome(Next.FINISHED, message=message)
+
+
+def run_until_done(
+    job_id: str,
+    session_factory: SessionFactory,
+    *,
+    owner: str | None = None,
+    max_stages: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    on_step: Callable[[Outcome], None] | None = None,
+) -> DiagnosticJob:
+    """Run the job to its end in this process, waiting out retries and a busy lab.
+    `on_step` hears every pass's outcome (with `max_stages=1`, every stage)."""
+    owner = owner or worker_identity()
+    while True:
+        outcome = orchestrate(job_id, session_factory, owner=owner, max_stages=max_stages)
+        if on_step is not None:
+            on_step(outcome)
+        if outcome.next is Next.FINISHED:
+            return DiagnosticJob.objects.get(pk=job_id)
+        if outcome.next is Next.MORE:
+            continue
+        # Retries wait their countdown; a stage held elsewhere is looked at again after a
+        # heartbeat, by when its lease has been renewed or has started to lapse.
+        wait = outcome.countdown if outcome.next is not Next.ELSEWHERE else float(settings.DIAG_HEARTBEAT_S)
+        log.info("waiting", extra={"job": job_id, "reason": outcome.next.value,
+                                   "detail": outcome.message, "seconds": wait})
+        sleep(wait)

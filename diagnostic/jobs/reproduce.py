@@ -1,0 +1,134 @@
+"""Reproduce: start the customer's configuration on the lab exactly as given, from cold,
+and keep what the start looked like.
+
+Cold means cold (METHODOLOGY.md): the session stops every engine and drops the page
+cache before launching, and the telemetry sampler runs from before the launch, so the
+loading triage can read the whole cold start from this stage's result. The engine is
+left running for the stages after this one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from diagnostic.jobs.context import StageContext, StopJob
+from lab.session import LabError, LaunchFailed
+
+# Lab seconds a cold start may take before it counts as hung: the reference lab's
+# worst published cold start is well under half of this.
+LAUNCH_TIMEOUT_LAB_S = 3600.0
+# Per node, about fifteen minutes of 1 Hz samples; longer series are thinned evenly.
+MAX_SAMPLES_PER_NODE = 900
+LOG_TAIL_CHARS = 64 * 1024
+CRASH_TAIL_CHARS = 4000
+
+
+def thin_samples(samples: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], int]:
+    """Every k-th sample so that at most `limit` remain (always keeping the last), and k."""
+    if len(samples) <= limit:
+        return samples, 1
+    stride = math.ceil(len(samples) / limit)
+    kept = samples[::stride]
+    if kept[-1] is not samples[-1]:
+        kept = [*kept[: limit - 1], samples[-1]]
+    return kept, stride
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    session = ctx.session
+    config = ctx.config
+
+    ctx.progress(2, "pushing the node agent")
+    session.push_agent()
+    ctx.check_cancelled()
+
+    ctx.progress(8, "starting the telemetry sampler")
+    session.start_sampler()
+    sampler_from = session.clock.now()
+    ctx.check_cancelled()
+
+    ctx.progress(10, "launching the customer's configuration with cold caches")
+    try:
+        launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
+    except LaunchFailed as exc:
+        ctx.attach(f"engine log tail, {exc.node}", exc.log_tail)
+        telemetry = _collect_telemetry(ctx, sampler_from)
+        ctx.add_finding(
+            "lab.engine_crash",
+            f"The engine did not start on {exc.node}: {exc.reason}",
+            evidence={
+                "node": exc.node,
+                "reason": exc.reason,
+                "log_tail": exc.log_tail[-CRASH_TAIL_CHARS:],
+                "error_lines": [
+                    line for line in exc.log_tail.splitlines()
+                    if line.startswith("ERROR") or "Error" in line
+                ][-20:],
+            },
+            change={},
+            blocking=True,
+        )
+        raise StopJob(
+            f"reproduce: the configuration did not start on {exc.node} ({exc.reason})",
+            {"launched": False, "node": exc.node, "reason": exc.reason, **telemetry},
+        ) from exc
+
+    ctx.log(f"serving at {launched.endpoint} after {launched.cold_start_s:.1f} lab s")
+    ctx.progress(80, f"serving after {launched.cold_start_s:.0f} lab s; collecting telemetry and logs")
+    telemetry = _collect_telemetry(ctx, sampler_from)
+    engine_log = session.logs()
+    ctx.attach(f"engine log, {engine_log.node} ({engine_log.size} bytes)", engine_log.text,
+               limit=LOG_TAIL_CHARS)
+
+    cold_start = {
+        "before_s": launched.cold_start_s,
+        # The loading triage fills these; reproduce only measures.
+        "after_s": None,
+        "root_causes": None,
+        "phases": None,
+    }
+    ctx.progress(100, f"reproduced: cold start {launched.cold_start_s:.0f} lab s")
+    return {
+        "launched": True,
+        "endpoint": launched.endpoint,
+        "cold_start_s": launched.cold_start_s,
+        "started_at": launched.started_at,
+        "ready_at": launched.ready_at,
+        "warm": launched.warm,
+        "launch": [
+            {k: spec.get(k) for k in ("node", "role", "rank", "argv", "env", "log_file")}
+            for spec in launched.specs
+        ],
+        "engine_log": {
+            "node": engine_log.node,
+            "path": engine_log.path,
+            "size": engine_log.size,
+            "tail": engine_log.text[-LOG_TAIL_CHARS:],
+        },
+        **telemetry,
+        "sections": {"cold_start": cold_start},
+    }
+
+
+def _collect_telemetry(ctx: StageContext, since: float) -> dict[str, Any]:
+    """Samples since the sampler started, thinned to a size a database row carries, and
+    the sampler stopped. Failing to read telemetry is logged, not fatal: the launch
+    figures stand without it."""
+    session = ctx.session
+    try:
+        raw = session.telemetry(since=since)
+    except LabError as exc:
+        ctx.log(f"telemetry unavailable: {exc}")
+        return {"telemetry": None, "telemetry_error": str(exc)}
+    thinned: dict[str, list[dict[str, Any]]] = {}
+    strides: dict[str, int] = {}
+    for node, samples in raw.items():
+        thinned[node], strides[node] = thin_samples(samples, MAX_SAMPLES_PER_NODE)
+    try:
+        session.stop_sampler()
+    except LabError as exc:
+        ctx.log(f"could not stop the sampler: {exc}")
+    counts = {node: len(samples) for node, samples in raw.items()}
+    ctx.log(f"telemetry: {sum(counts.values())} samples from {len(counts)} nodes")
+    return {"telemetry": thinned, "telemetry_samples": counts, "telemetry_stride": strides}

@@ -1,0 +1,11 @@
+"""The WSGI entry point for gunicorn (`gunicorn diagnostic.wsgi`)."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "diagnostic.settings")
+
+application = get_wsgi_application()

@@ -1,0 +1,97 @@
+"""Test doubles for the lab side of orchestration tests: a session factory that refuses
+to be used, a session whose node facts the test writes (for preflight checks that need
+facts a healthy simulated lab would never report), and scenario copies that run faster."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from diagnostic.bookings.models import Lab
+from lab.clock import LabClock
+from lab.inventory import Inventory, parse_inventory
+from lab.session import LabSession
+
+
+def no_lab(lab: Lab) -> AbstractContextManager[Any]:
+    """A session factory for stages that must not touch the lab."""
+    raise AssertionError(f"this test's stages should not open a session on {lab.name}")
+
+
+def inventory(nodes: int = 8) -> Inventory:
+    data = {
+        "schema": "lab.inventory/1",
+        "name": "facts-lab",
+        "nodes": [
+            {"name": f"spark-{i + 1:02d}", "host": "127.0.0.1", "port": 40000 + i,
+             "role": "head" if i == 0 else "worker"}
+            for i in range(nodes)
+        ],
+    }
+    return parse_inventory(data, base=Path("/nonexistent"))
+
+
+def healthy_facts(name: str, *, time: float = 1_700_000_000.0) -> dict[str, Any]:
+    """Facts of a GB10 node as the agent reports them, all checks passing."""
+    return {
+        "host": name, "time": time, "kernel": "6.11.0-1016-nvidia", "arch": "aarch64",
+        "cpu_count": 20, "mem_total_kib": 127_600_000, "mem_available_kib": 120_000_000,
+        "gpus": [{"name": "NVIDIA GB10", "compute_capability": "12.1", "driver": "580.95",
+                  "memory_total_mib": None}],
+        "nics": [
+            {"name": "enP7s7", "speed_mbps": 10000, "mtu": 1500, "operstate": "up"},
+            {"name": "enp1s0f0np0", "speed_mbps": 100000, "mtu": 9000, "operstate": "up"},
+            {"name": "enP2p1s0f0np0", "speed_mbps": 100000, "mtu": 9000, "operstate": "up"},
+        ],
+        "model_dir": {"path": "/models/kimi-k2", "exists": True, "free_bytes": 10**12},
+        "engines": {"vllm": "0.29.1", "sglang": None},
+        "python": "3.12.3",
+    }
+
+
+class FactsSession:
+    """Answers `facts` from a table (an Exception entry is an unreachable node); every
+    other lab call is a test error."""
+
+    def __init__(self, facts: dict[str, Any], nodes: int = 8) -> None:
+        self.inventory = inventory(nodes)
+        self.clock = LabClock(1.0, 0.0)
+        self._facts = facts
+        self.facts_calls = 0
+
+    @property
+    def nodes(self) -> tuple[Any, ...]:
+        return self.inventory.nodes
+
+    def nodes_for(self, config: dict[str, Any]) -> list[Any]:
+        return LabSession.nodes_for(self, config)  # type: ignore[arg-type]
+
+    def facts(self, nodes: Any = None, *, tolerate: bool = False) -> dict[str, Any]:
+        assert tolerate, "preflight must ask for every node's facts, tolerating failures"
+        self.facts_calls += 1
+        return {name: f if isinstance(f, Exception) else copy.deepcopy(f) for name, f in self._facts.items()}
+
+    def factory(self) -> Any:
+        @contextmanager
+        def open_session(lab: Lab) -> Iterator[FactsSession]:
+            yield self
+
+        return open_session
+
+
+FAST_DILATION = 150
+
+
+def fast_scenario(tmp_path: Path, source: Path) -> Path:
+    """A copy of a scenario file that runs at FAST_DILATION lab seconds per wall second:
+    a ten-minute cold start takes seconds, and lab-time figures stay what they are."""
+    data = yaml.safe_load(source.read_text())
+    data["dilation"] = FAST_DILATION
+    path = tmp_path / source.name
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -1,0 +1,144 @@
+"""`manage.py diagnose` end to end against the simulated lab, and its errors.
+
+The scenarios run at a higher time dilation than their files say, so a cold start of
+ten lab minutes takes seconds; lab-time figures are unaffected (the session converts).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from diagnostic.bookings.models import Lab
+from diagnostic.jobs.findings import validate_findings
+from diagnostic.jobs.models import DiagnosticJob, Finding
+from lab.sim.lab import SimLab
+from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO, REPO
+from tests.diagnostic.doubles import fast_scenario
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def diagnose(*args: str) -> tuple[str, dict[str, Any] | None, Path]:
+    out = Path(args[args.index("--out") + 1])
+    stdout = io.StringIO()
+    call_command("diagnose", *args, stdout=stdout)
+    return stdout.getvalue(), json.loads((out / "findings.json").read_text()), out
+
+
+def test_it_reproduces_the_reference_configuration_and_writes_findings(
+    tmp_path: Path, sim_state_dir: Path
+) -> None:
+    scenario = fast_scenario(tmp_path, REFERENCE_SCENARIO)
+    printed, document, out = diagnose(
+        "--config", str(REFERENCE_CONFIG), "--lab", f"sim:{scenario}", "--out", str(tmp_path / "out"),
+        "--stages", "preflight,reproduce,report", "--seed", "7",
+    )
+    assert document is not None
+    validate_findings(document)
+    assert document["job"]["lab"] == "sim:reference-kimi-k2-8spark"
+    assert document["job"]["status"] == "succeeded"
+    assert document["job"]["seed"] == 7
+    assert [s["status"] for s in document["job"]["stages"]] == ["succeeded"] * 3
+    # LAB_MODEL.md: the out-of-box configuration takes 7.5+ minutes to start cold.
+    assert document["cold_start"]["before_s"] >= 450
+    assert document["cold_start"]["after_s"] is None
+    assert (document["fp4"], document["speculative"], document["measurement"]) == (None, None, None)
+    assert document["config"]["parallel"]["tp"] == 8
+    assert document["findings"] == []
+    assert "reproduce    succeeded" in printed
+    assert (out / "logs" / "01-reproduce.log").read_text().count("Loading safetensors checkpoint shards") > 3
+
+    job = DiagnosticJob.objects.get(pk=document["job"]["id"])
+    reproduce = job.stage_runs.get(name="reproduce").result
+    assert reproduce["endpoint"].startswith("http://127.0.0.1:")
+    assert len(reproduce["launch"]) == 8
+    samples = reproduce["telemetry"]["spark-01"]
+    assert samples and {"t", "cpu", "mem", "disk_read_mbps", "net"} <= samples[0].keys()
+    # The sampler ran from before the launch: the series covers the whole cold start.
+    assert samples[-1]["t"] - samples[0]["t"] >= document["cold_start"]["before_s"] * 0.9
+
+
+def test_an_inventory_lab_is_used_as_it_is_and_its_nodes_are_mirrored(tmp_path: Path) -> None:
+    with SimLab(fast_scenario(tmp_path, REFERENCE_SCENARIO), tmp_path / "served") as sim:
+        _, document, _ = diagnose(
+            "--config", str(REFERENCE_CONFIG), "--lab", f"inventory:{sim.inventory_path}",
+            "--out", str(tmp_path / "out"), "--stages", "preflight,report",
+        )
+    assert document is not None
+    assert document["job"]["lab"] == "reference-kimi-k2-8spark"
+    assert document["job"]["simulated"] is False  # nothing but its inventory is known
+    assert document["cold_start"] is None
+    lab = Lab.objects.get(name="reference-kimi-k2-8spark")
+    assert lab.inventory == str(sim.inventory_path.resolve())
+    assert lab.nodes.count() == 8
+    assert lab.nodes.get(role="head").name == "spark-01"
+
+
+def test_a_configuration_that_does_not_start_is_reported_as_an_engine_crash(
+    tmp_path: Path, sim_state_dir: Path
+) -> None:
+    scenario = fast_scenario(tmp_path, REPO / "lab" / "scenarios" / "fault-kv-budget.yaml")
+    out = tmp_path / "out"
+    with pytest.raises(CommandError, match=r"job \S+ failed: reproduce: the configuration did not start"):
+        call_command("diagnose", "--config", str(REFERENCE_CONFIG), "--lab", f"sim:{scenario}",
+                     "--out", str(out), "--stages", "preflight,reproduce,report", stdout=io.StringIO())
+    document = json.loads((out / "findings.json").read_text())
+    validate_findings(document)
+    assert [f["code"] for f in document["findings"]] == ["lab.engine_crash"]
+    crash = Finding.objects.get(code="lab.engine_crash")
+    assert crash.blocking
+    assert "KV cache" in crash.evidence["log_tail"]
+
+
+def test_it_refuses_a_configuration_with_an_error_naming_the_field(tmp_path: Path, db: None) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(REFERENCE_CONFIG.read_text().replace("kv_cache_dtype: fp8", "kv_cache_dtype: fp3"))
+    with pytest.raises(CommandError, match=r"serving\.kv_cache_dtype"):
+        call_command("diagnose", "--config", str(config), "--lab", f"sim:{REFERENCE_SCENARIO}",
+                     "--out", str(tmp_path / "out"), stdout=io.StringIO())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lab", "ssh:spark-01"], "--lab must be sim:SCENARIO.yaml or inventory:FILE"),
+        (["--lab", "sim:/no/such/scenario.yaml"], "cannot read /no/such/scenario.yaml"),
+        (["--lab", "inventory:/no/such/inventory.yaml"], "cannot read"),
+        (["--stages", "preflight,fp5"], "unknown stage 'fp5'; accepted: preflight, reproduce"),
+    ],
+)
+def test_bad_arguments_are_one_clear_error(tmp_path: Path, db: None, args: list[str], message: str) -> None:
+    base = {"--config": str(REFERENCE_CONFIG), "--lab": f"sim:{REFERENCE_SCENARIO}", "--out": str(tmp_path)}
+    base.update(dict(zip(args[::2], args[1::2], strict=True)))
+    with pytest.raises(CommandError, match=message.replace("(", r"\(")):
+        call_command("diagnose", *[x for kv in base.items() for x in kv], stdout=io.StringIO())
+
+
+def test_queue_without_a_broker_says_what_to_set(tmp_path: Path, settings: Any) -> None:
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    with pytest.raises(CommandError, match="--queue needs CELERY_BROKER_URL"):
+        call_command("diagnose", "--config", str(REFERENCE_CONFIG), "--lab", f"sim:{REFERENCE_SCENARIO}",
+                     "--out", str(tmp_path), "--queue", stdout=io.StringIO())
+
+
+def test_a_failure_is_one_line_on_stderr_and_a_nonzero_exit(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env["DIAG_DB"] = str(tmp_path / "db.sqlite3")
+    done = subprocess.run(
+        [sys.executable, "manage.py", "diagnose", "--config", str(tmp_path / "missing.yaml"),
+         "--lab", f"sim:{REFERENCE_SCENARIO}", "--out", str(tmp_path / "out")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "missing.yaml: cannot read (No such file or directory)" in lines[0]

@@ -1,0 +1,191 @@
+"""The server's claim and its reconciliation, on constructed evidence."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+import pytest
+
+from diagnostic.pipelines import claim as claims
+from diagnostic.pipelines.measure import LabTimeline
+
+
+def test_prometheus_text_is_read_per_engine_and_summed_over_other_labels() -> None:
+    text = (
+        "# HELP vllm:generation_tokens_total x\n"
+        'vllm:generation_tokens_total{model_name="m",engine="0"} 120.0\n'
+        'vllm:generation_tokens_total{model_name="m",engine="1"} 30.0\n'
+        'vllm:num_requests_running{engine="0",model_name="a,b=\\"c\\""} 1\n'
+        "sglang:prompt_tokens_total 7\n"
+    )
+    got = claims.parse_prometheus(text)
+    assert got["generation_tokens_total"] == {"0": 120.0, "1": 30.0}
+    assert got["num_requests_running"] == {"0": 1.0}
+    assert got["prompt_tokens_total"] == {"0": 7.0}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 7])
+def test_proposed_counting_predicts_the_claim_from_the_spec_decode_counters(k: int) -> None:
+    """Derivation check: R requests, each a prefill token then steps emitting 1 + accepted."""
+    rng = random.Random(k)
+    requests, delivered, accepted, drafted, counted = 5, 0, 0, 0, 0
+    for _ in range(requests):
+        delivered += 1
+        counted += 1  # the prefill step's token is counted once either way
+        for _ in range(rng.randint(20, 60)):
+            a = rng.randint(0, k)
+            delivered += 1 + a
+            accepted += a
+            drafted += k
+            counted += k + 1
+    claim = {
+        "source": "metrics",
+        "delivered_tokens": delivered,
+        "accepted": accepted,
+        "drafted": drafted,
+        "ratio": counted / delivered,
+    }
+    cause = claims.proposed_counting(claim)
+    assert cause is not None
+    assert cause["predicted_ratio"] == pytest.approx(counted / delivered, abs=1e-4)
+    assert cause["present"] and cause["explains_ratio"]
+
+
+def test_an_honest_speculative_server_is_not_accused_of_counting_proposed_tokens() -> None:
+    claim = {"source": "metrics", "delivered_tokens": 1000, "accepted": 600, "drafted": 1600, "ratio": 1.0}
+    cause = claims.proposed_counting(claim)
+    assert cause is not None and not cause["present"]
+    assert cause["predicted_ratio"] == pytest.approx(2.0)
+
+
+def _span(sent: float, last: float, tokens: int, measured: bool = True) -> claims.RequestSpan:
+    # Uniform delivery: one character per token, one content chunk per second.
+    steps = int(last - sent)
+    timeline = tuple((sent + 1 + i, int(tokens * (i + 1) / steps)) for i in range(steps))
+    return claims.RequestSpan(
+        sent=sent,
+        first=sent + 1,
+        last=last,
+        tokens=tokens,
+        chars=tokens,
+        timeline=timeline,
+        measured=measured,
+    )
+
+
+def _window(end: float, tps: float, line: int = 0) -> claims.StatsWindow:
+    return claims.StatsWindow(end=end, interval=10.0, generation_tps=tps, running=1, engine="0", line=line)
+
+
+def test_only_windows_wholly_inside_a_request_count_as_inner() -> None:
+    spans = [_span(100.0, 140.0, 400)]
+    windows = [_window(e, 10.0) for e in (105.0, 110.0, 120.0, 130.0, 139.0, 140.0, 150.0)]
+    got = {c["window"].end: c["inner"] for c in claims.classify_windows(windows, spans)}
+    # 110 covers [100, 110] and may end as late as 111: inside. 140 may end at 141: not.
+    # 150 lies after the request altogether and is not considered.
+    assert got == {105.0: False, 110.0: True, 120.0: True, 130.0: True, 139.0: True, 140.0: False}
+
+
+def test_warmup_requests_make_windows_busy_but_never_inner() -> None:
+    spans = [_span(0.0, 40.0, 400, measured=False), _span(41.0, 81.0, 400)]
+    classified = {
+        c["window"].end: c for c in claims.classify_windows([_window(e, 10.0) for e in (30, 60)], spans)
+    }
+    assert 30 not in classified  # before the first measured request
+    assert classified[60]["inner"] and classified[60]["busy_fraction"] == pytest.approx(1.0)
+
+
+def test_log_claim_compares_with_delivery_in_the_same_windows() -> None:
+    spans = [_span(100.0, 160.0, 600)]  # 10 tok/s
+    classified = claims.classify_windows([_window(e, 16.0) for e in (120.0, 130.0, 140.0)], spans)
+    got = claims.log_claim(classified)
+    assert got is not None
+    assert got["windows"] == 3
+    assert got["claimed_tps"] == pytest.approx(16.0)
+    assert got["delivered_tps_same_windows"] == pytest.approx(10.0, rel=0.02)
+    assert got["ratio"] == pytest.approx(1.6, rel=0.02)
+
+
+def _partly_idle(busy_accounting: bool) -> list[dict[str, object]]:
+    # Requests of 25 s at 10 tok/s with 15 s idle between them; windows every 10 s.
+    spans = [_span(100.0 + 40 * i, 125.0 + 40 * i, 250) for i in range(4)]
+    windows = []
+    for end in range(110, 260, 10):
+        a, b = end - 10 + 0.5, end + 0.5
+        delivered = sum(s.tokens_between(a, b) for s in spans)
+        busy = sum(s.busy_overlap(a, b) for s in spans) / 10
+        if busy == 0:
+            continue
+        tps = delivered / (10 * busy) if busy_accounting else delivered / 10
+        windows.append(_window(float(end), round(tps, 1), line=end))
+    return claims.classify_windows(windows, spans)
+
+
+def test_busy_time_accounting_is_recognised_in_partly_idle_windows() -> None:
+    cause = claims.busy_time_accounting(_partly_idle(True), 1.0)
+    assert cause is not None and cause["present"]
+    assert cause["explains_ratio"]
+    assert cause["observed_ratio"] > 1.1
+
+
+def test_wall_time_accounting_is_not_mistaken_for_busy_time() -> None:
+    cause = claims.busy_time_accounting(_partly_idle(False), 1.0)
+    assert cause is not None and not cause["present"]
+
+
+def test_usage_above_the_retokenized_count_makes_unseen_tokens_present() -> None:
+    runs = [
+        {"index": 0, "tokens": 500, "reasoning_tokens": 0, "usage_excess": 60, "usage_flag": True},
+        {"index": 1, "tokens": 500, "reasoning_tokens": 0, "usage_excess": 60, "usage_flag": True},
+    ]
+    cause = claims.unseen_tokens(runs, 1.12)
+    assert cause["present"] and cause["explains_ratio"]
+    assert cause["evidence"]["runs_flagged"] == [0, 1]
+
+
+def test_a_server_still_generating_after_the_client_finished_has_orphans() -> None:
+    runs = [{"index": 0, "tokens": 100, "abandoned": True, "metrics": {"running_before": 0}}]
+    after = {"running_after": 1.0, "generation_while_idle": 40.0, "idle_s": 2.0}
+    assert claims.orphans(runs, after, [], None)["present"]
+    quiet = {"running_after": 0.0, "generation_while_idle": 0.0, "idle_s": 2.0}
+    assert not claims.orphans([{**runs[0], "abandoned": False}], quiet, [], None)["present"]
+    trailing = [_window(500.0, 12.0, line=9)]
+    assert claims.orphans([{**runs[0], "abandoned": False}], None, trailing, None)["present"]
+
+
+def test_chunk_counting_is_named_when_chunks_carry_several_tokens() -> None:
+    runs = [{"tokens": 512, "content_chunks": 160}]
+    assert claims.chunk_counting(runs)["present"]
+    assert not claims.chunk_counting([{"tokens": 512, "content_chunks": 512}])["present"]
+
+
+def test_stats_windows_take_their_length_from_the_log_and_pair_spec_decode_lines() -> None:
+    events = [
+        {"kind": "stats", "ts": 100.0, "generation_tps": 40.0, "running": 1, "line": 1},
+        {"kind": "specdec", "accepted": 270, "drafted": 400, "per_position": [0.8, 0.6, 0.4, 0.2], "line": 2},
+        {"kind": "stats", "ts": 105.0, "generation_tps": 41.0, "running": 1, "line": 3},
+        {"kind": "stats", "ts": 110.0, "generation_tps": 0.0, "running": 0, "line": 4},
+    ]
+    windows = claims.stats_windows(events)
+    assert [w.interval for w in windows] == [5.0, 5.0, 5.0]
+    assert (windows[0].accepted, windows[0].drafted) == (270, 400)
+    assert windows[1].drafted is None
+
+
+def test_the_timeline_stamps_instants_as_the_engine_log_does() -> None:
+    from lab.engines import parse_log
+    from lab.sim import logfmt
+
+    lab_epoch = datetime(2025, 12, 2, 14, 53, 7, tzinfo=UTC).timestamp() + 0.25
+    line = logfmt.vllm(
+        "INFO",
+        lab_epoch,
+        "loggers.py:123",
+        "Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 1.0 tokens/s, "
+        "Running: 1 reqs, Waiting: 0 reqs",
+    )
+    (event,) = [e for e in parse_log("vllm", [line]) if e["kind"] == "stats"]
+    timeline = LabTimeline(lambda s: s * 30.0, lambda: lab_epoch, clock=lambda: 50.0)
+    assert timeline.log_seconds(50.0) == pytest.approx(event["ts"] + 0.25)
+    assert timeline.log_seconds(51.0) - timeline.log_seconds(50.0) == pytest.approx(30.0)

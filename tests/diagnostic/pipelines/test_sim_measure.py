@@ -1,0 +1,83 @@
+"""The measurement against the simulated lab's own serving endpoint (lab.sim.http)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from diagnostic.pipelines.measure import measure_endpoint
+
+from . import simlab
+
+
+def _measure(sim: Any, **kw: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "n": 3,
+        "warmup": 1,
+        "max_tokens": 512,
+        "metrics_url": sim.url + "/metrics",
+        "log_source": sim.log_source,
+        "to_lab": sim.clock.lab_seconds,
+        "lab_now": sim.clock.now,
+        "settle_s": 0.3,
+    }
+    args.update(kw)
+    return measure_endpoint(sim.url, tokenizer_path=sim.tokenizer, **args)
+
+
+@pytest.fixture(scope="module")
+def speculative() -> Iterator[tuple[dict[str, Any], Any]]:
+    """EAGLE-3 k = 4, a server counting proposed tokens, dilation 30: the reference story."""
+    with simlab.sim_endpoint(dilation=30, k=4, server_counts="proposed") as sim:
+        yield _measure(sim), sim
+
+
+def test_chunk_counting_would_undercount_under_speculation_and_we_do_not(
+    speculative: tuple[dict[str, Any], Any],
+) -> None:
+    result, _ = speculative
+    for workload in ("code", "prose"):
+        section = result[workload]
+        for run in section["runs"]:
+            assert run["tokens"] == 512 == run["usage_completion_tokens"]
+            assert run["content_chunks"] < 0.7 * run["tokens"]
+        assert section["chunk_tps_mean"] < 0.7 * section["mean_tps"]
+    assert "metrics.client_counts_chunks" in result["reconciliation"]
+
+
+def test_the_delivered_rate_follows_the_lab_formula(speculative: tuple[dict[str, Any], Any]) -> None:
+    result, sim = speculative
+    for workload in ("code", "prose"):
+        # n = 3 with 3 % run noise: a loose check here; benchmarks/bench_measure.py holds the tight one.
+        assert result[workload]["mean_tps"] == pytest.approx(sim.expected(workload), rel=0.08)
+
+
+def test_the_servers_log_claim_is_reconciled_as_proposed_tokens(
+    speculative: tuple[dict[str, Any], Any],
+) -> None:
+    result, _ = speculative
+    for workload in ("code", "prose"):
+        log = result[workload]["server_claim"]["log"]
+        assert log is not None and log["windows"] >= 2
+        assert log["claimed_tps"] == pytest.approx(41.0, rel=0.05)
+        assert result["server_claim_source"][workload] == "log"
+        cause = next(
+            c
+            for c in result["reconciliation_detail"][workload]
+            if c["code"] == "metrics.server_counts_proposed"
+        )
+        assert cause["present"] and cause["explains_ratio"]
+    assert [f["code"] for f in result["findings"]] == ["metrics.server_overclaim"]
+
+
+def test_an_abandoned_request_on_the_simulated_lab_is_an_orphan() -> None:
+    with simlab.sim_endpoint(dilation=30, k=0, server_counts="emitted", abort_on_disconnect=False) as sim:
+        result = _measure(sim, workloads=["prose"], n=2, warmup=0, request_timeout_s=0.1)
+    cause = next(
+        c for c in result["reconciliation_detail"]["prose"] if c["code"] == "metrics.orphaned_requests"
+    )
+    assert result["prose"]["runs_abandoned"] == [0, 1]
+    assert cause["present"]
+    assert cause["evidence"]["running_before_runs"] == [1]

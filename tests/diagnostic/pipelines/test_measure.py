@@ -75,7 +75,10 @@ def test_chunks_carrying_several_tokens_are_not_counted_as_tokens(
     assert run["content_chunks"] == 1 + 40  # the first token alone, then 100 tokens in 40 steps
     assert code["mean_tps"] == pytest.approx(2.5 / 0.02, rel=0.03)
     assert code["chunk_tps_mean"] == pytest.approx(code["mean_tps"] / 2.5, rel=0.03)
-    assert "metrics.client_counts_chunks" in result["reconciliation"]
+    detail = result["reconciliation_detail"]["code"]
+    chunks = [c for c in detail if c["code"] == "metrics.client_counts_chunks"]
+    assert chunks[0]["present"] and not chunks[0]["explains_ratio"]
+    assert "metrics.client_counts_chunks" not in result["reconciliation"]
 
 
 def test_a_server_counting_proposed_tokens_is_caught_and_explained(
@@ -111,7 +114,9 @@ def test_usage_above_the_retokenized_count_is_flagged(tokenizer_path: Path, piec
     code = result["code"]
     assert code["usage_vs_retokenized"]["runs_flagged"] == [0, 1, 2]
     assert code["runs"][0]["usage_excess"] == 9
-    assert "metrics.unseen_tokens" in result["reconciliation"]
+    unseen = next(c for c in result["reconciliation_detail"]["code"] if c["code"] == "metrics.unseen_tokens")
+    assert unseen["present"]
+    assert unseen["evidence"]["usage_above_retokenized"] > 0
 
 
 def test_reasoning_text_is_kept_apart_and_counted_separately(tokenizer_path: Path, pieces: list[str]) -> None:

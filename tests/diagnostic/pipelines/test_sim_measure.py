@@ -44,7 +44,10 @@ def test_chunk_counting_would_undercount_under_speculation_and_we_do_not(
             assert run["tokens"] == 512 == run["usage_completion_tokens"]
             assert run["content_chunks"] < 0.7 * run["tokens"]
         assert section["chunk_tps_mean"] < 0.7 * section["mean_tps"]
-    assert "metrics.client_counts_chunks" in result["reconciliation"]
+    detail = result["reconciliation_detail"]["code"]
+    chunks = [c for c in detail if c["code"] == "metrics.client_counts_chunks"]
+    assert chunks[0]["present"] and not chunks[0]["explains_ratio"]
+    assert "metrics.client_counts_chunks" not in result["reconciliation"]
 
 
 def test_the_delivered_rate_follows_the_lab_formula(speculative: tuple[dict[str, Any], Any]) -> None:

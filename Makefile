@@ -21,9 +21,13 @@ lint: install
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The reference diagnostic: the out-of-box customer configuration on the simulated
+# reference lab, written to out/demo/ (findings.json, logs, and the report once it exists).
 demo: install
-	@echo "make demo arrives with the platform core (issue 4): the reference diagnostic on the simulated lab." >&2
-	@exit 1
+	$(PY) manage.py migrate --noinput -v 0
+	rm -rf out/demo
+	$(PY) manage.py diagnose --config examples/configs/kimi-k2-8spark-outofbox.yaml \
+		--lab sim:lab/scenarios/reference-kimi-k2-8spark.yaml --out out/demo
 
 bench: bench-sim bench-measure bench-report
 

@@ -199,6 +199,8 @@ class Command(BaseCommand):
             if stage.log:
                 (logs / f"{stage.order:02d}-{stage.name}.log").write_text(stage.log)
         self.stdout.write(f"job {job.pk} {job.status}; lab time {document['job']['lab_time_s']:.0f} s")
+        for line in headline_table(document):
+            self.stdout.write(line)
         for finding in document["findings"]:
             self.stdout.write(f"  {finding['code']:<24} {finding['title']}")
         self.stdout.write(f"wrote {path}")
@@ -232,3 +234,37 @@ def _upsert_lab(name: str, inventory: str) -> Lab:
 
 def _stage_names(job: DiagnosticJob) -> list[str]:
     return list(job.stage_runs.order_by("order").values_list("name", flat=True))
+
+
+def headline_table(document: dict[str, Any]) -> list[str]:
+    """The figures a consultant reads first, each straight from findings.json; a section
+    that was not run shows as 'not run', never as a number."""
+    rows: list[tuple[str, str, str]] = []
+    cold = document.get("cold_start") or {}
+    rows.append(("cold start, lab s", _fmt(cold.get("before_s"), 0), _fmt(cold.get("after_s"), 0)))
+    measurement = document.get("measurement") or {}
+    for workload in ("code", "prose"):
+        section = measurement.get(workload) or {}
+        ci = section.get("ci95")
+        value = _fmt(section.get("mean_tps"), 1)
+        if ci:
+            value += f" [{ci[0]:.1f}, {ci[1]:.1f}]"
+        rows.append((f"{workload}: delivered tok/s (95 % CI)", value, "not run"))
+    claimed = measurement.get("server_claimed_tps") or {}
+    for workload in ("code", "prose"):
+        rows.append((f"{workload}: server-claimed tok/s", _fmt(claimed.get(workload), 1), ""))
+    fp4 = document.get("fp4") or {}
+    rows.append(("FP4 verdict", str(fp4.get("verdict", "not run")), ""))
+    money = document.get("money_back")
+    rows.append(("money back", "not decided" if not money else
+                 ("eligible" if money.get("eligible") else "not eligible"), ""))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"  {'':<{width}}  {'customer config':<22}  tuned", f"  {'-' * (width + 32)}"]
+    lines += [f"  {name:<{width}}  {before:<22}  {after}".rstrip() for name, before, after in rows]
+    return lines
+
+
+def _fmt(value: Any, digits: int) -> str:
+    if value is None:
+        return "not run"
+    return f"{float(value):.{digits}f}"

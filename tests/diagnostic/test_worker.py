@@ -25,6 +25,7 @@ from diagnostic.celery import app
 from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.jobs.orchestration import create_job
 from diagnostic.jobs.tasks import enqueue_job, reap_expired_leases
+from lab.inventory import load_inventory
 from lab.sim.lab import SimLab
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO, REPO
 from tests.diagnostic.doubles import fast_scenario
@@ -157,9 +158,14 @@ def test_a_job_survives_its_worker_being_killed_mid_stage(
         assert reap_expired_leases() == [str(job.pk)]
         wait_for(lambda: DiagnosticJob.objects.get(pk=job.pk).is_terminal, 120,
                  "the second worker to finish the job", [first, second])
+        calls = [json.loads(line) for line in sim.calls_log_path.read_text().splitlines()]
 
     job.refresh_from_db()
     assert job.status == "succeeded", job.status_message
+    # What the nodes saw: preflight asked each node for its facts once, not again after
+    # the new worker took over.
+    facts = sorted(c["node"] for c in calls if c["verb"] == "facts")
+    assert facts == sorted(n.name for n in load_inventory(sim.inventory_path).nodes), facts
     preflight, reproduce = stage(job, "preflight"), stage(job, "reproduce")
     assert preflight.attempts == 1, "preflight succeeded before the kill and must not run again"
     assert reproduce.attempts == 2

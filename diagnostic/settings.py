@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "diagnostic.bookings",
     "diagnostic.jobs",
     "diagnostic.pipelines",
+    "reports",
 ]
 
 MIDDLEWARE = [
@@ -226,3 +227,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(DIAG_REAPER_INTERVAL_S),
     },
 }
+
+# Report rendering runs in a child process with these limits (reports/pdf.py).
+REPORT_RENDER_TIMEOUT_S = envint("REPORT_RENDER_TIMEOUT_S", 60, minimum=5)
+REPORT_RENDER_MEMORY_MB = envint("REPORT_RENDER_MEMORY_MB", 3072, minimum=512)

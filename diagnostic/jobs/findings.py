@@ -53,6 +53,11 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
         for name in SECTIONS:
             if name in produced:
                 sections[name] = produced[name]
+    # Preflight notes the lab's time dilation; the report stage decides the money-back flag.
+    done = {s.name: s.result for s in stages
+            if s.status == StageRun.Status.SUCCEEDED and isinstance(s.result, dict)}
+    report = done.get("report", {})
+    dilation = done.get("preflight", {}).get("lab_dilation")
     if job.started_at is None:
         wall = 0.0
     else:
@@ -66,6 +71,7 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
             "status": job.status,
             "status_message": job.status_message,
             "seed": job.seed,
+            **({"lab_dilation": dilation} if dilation else {}),
             "lab_time_s": round(sum(s.lab_seconds or 0.0 for s in stages), 3),
             "wall_time_s": round(wall, 3),
             "stages": [
@@ -82,6 +88,6 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
         "config": job.config.normalized,
         **sections,
         "findings": [f.as_document() for f in job.finding_set.order_by("id")],
-        # Decided by the reports issue from measured improvements; not guessed here.
-        "money_back": None,
+        # Decided by the report stage from measured improvements; never guessed here.
+        "money_back": report.get("money_back"),
     }

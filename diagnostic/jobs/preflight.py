@@ -105,6 +105,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
         for name, f in reachable.items()
     }
     result = {
+        # Reports on a simulated lab say so on their cover, with its time dilation.
+        "lab_dilation": session.inventory.time_dilation,
         "needed_nodes": needed,
         "used_nodes": [n.name for n in used],
         "nodes": summary,

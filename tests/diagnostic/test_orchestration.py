@@ -289,7 +289,9 @@ def test_sections_come_from_stage_results_and_missing_ones_stay_null(
     validate_findings(document)
     assert document["fp4"]["verdict"] == "garbage"
     assert (document["cold_start"], document["speculative"], document["measurement"]) == (None, None, None)
-    assert document["money_back"] is None
+    # The report stage decides money back: no finding here shows a measured improvement.
+    assert document["money_back"]["eligible"] is True
+    assert "No finding shows a measured improvement" in document["money_back"]["reason"]
     assert document["job"]["id"] == str(job.pk)
     assert [s["name"] for s in document["job"]["stages"]] == ["fp4-test", "report"]
 

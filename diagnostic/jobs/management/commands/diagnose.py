@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -193,6 +194,13 @@ class Command(BaseCommand):
         validate_findings(document)
         path = out / "findings.json"
         path.write_text(json.dumps(document, indent=2) + "\n")
+        succeeded = job.stage_runs.filter(name="report", status="succeeded")
+        report = succeeded.values_list("result", flat=True).first()
+        if isinstance(report, dict):
+            for key, name in (("report_pdf", "report.pdf"), ("email_eml", "email.eml")):
+                if report.get(key) and Path(report[key]).is_file():
+                    shutil.copyfile(report[key], out / name)
+                    self.stdout.write(f"wrote {out / name}")
         logs = out / "logs"
         logs.mkdir(exist_ok=True)
         for stage in job.stage_runs.order_by("order"):

@@ -1,0 +1,287 @@
+"""The money-back rule (METHODOLOGY.md, "Money back"), decided from a job's findings.
+
+The engagement is free when any of three conditions holds: the lab could not reproduce
+the configuration for reasons on our side, no finding shows a measured improvement whose
+95 % interval excludes zero, or the report is not sent within one business day of the
+lab day. Staff may override the computed flag with a written reason; every override is
+kept (who, when, why) and the latest one decides. This module is plain Python over the
+findings dict; the override records themselves live in `reports.models`.
+
+What the findings must carry for the rule to see an improvement: a finding's `impact`
+(one object or a list of them) with `metric`, `before`, `after` and `ci95`, where
+`ci95` is the 95 % interval of the change `after - before` in the metric's unit. Which
+direction is better comes from `impact.better` ("higher" or "lower") when present,
+otherwise from the metric's unit: durations and error measures improve downwards,
+everything else upwards. A finding whose code starts with `lab.` records a failure of
+our lab (`lab.node_unreachable`, `lab.engine_crash`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reports.figures import unit_for_key
+
+LAB_SIDE_PREFIX = "lab."
+_LOWER_IS_BETTER_UNITS = frozenset({"s", "ms"})
+_LOWER_IS_BETTER_WORDS = ("error", "perplexity", "latency", "ttft", "stall", "cold_start")
+
+
+@dataclass(frozen=True)
+class OverrideEntry:
+    """One staff decision on the flag, as the audit trail shows it."""
+
+    eligible: bool
+    reason: str
+    by: str
+    at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One clause of the rule. `holds` True makes the engagement free; None: not assessable."""
+
+    key: str
+    label: str
+    holds: bool | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class Improvement:
+    """Whether one measured impact of one finding is a demonstrated improvement."""
+
+    code: str
+    metric: str
+    demonstrated: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class MoneyBackDecision:
+    """The rule's verdict, the clauses that led to it, and the staff overrides on top."""
+
+    computed_eligible: bool
+    conditions: tuple[Condition, ...]
+    improvements: tuple[Improvement, ...]
+    deadline: dt.datetime | None
+    overrides: tuple[OverrideEntry, ...] = field(default=())
+
+    @property
+    def override(self) -> OverrideEntry | None:
+        """The staff decision in force: the latest one."""
+        return max(self.overrides, key=lambda o: o.at) if self.overrides else None
+
+    @property
+    def eligible(self) -> bool:
+        """True when the engagement is free."""
+        latest = self.override
+        return latest.eligible if latest is not None else self.computed_eligible
+
+    @property
+    def reason(self) -> str:
+        """One sentence saying why the engagement is or is not free."""
+        latest = self.override
+        if latest is not None:
+            verdict = "free of charge" if latest.eligible else "charged"
+            return f"Staff override by {latest.by}: {verdict}. {latest.reason}"
+        held = [c for c in self.conditions if c.holds]
+        if held:
+            return " ".join(c.detail for c in held)
+        shown = [i for i in self.improvements if i.demonstrated]
+        return (
+            f"{len(shown)} measured improvement{'s' if len(shown) != 1 else ''} with a 95 % interval "
+            "excluding zero, reproduced on our lab and reported on time."
+        )
+
+    def as_findings(self) -> dict[str, Any]:
+        """The `money_back` section of findings.json."""
+        latest = self.override
+        return {
+            "eligible": self.eligible,
+            "reason": self.reason,
+            "computed_eligible": self.computed_eligible,
+            "conditions": {c.key: c.holds for c in self.conditions},
+            "override": None
+            if latest is None
+            else {
+                "eligible": latest.eligible,
+                "reason": latest.reason,
+                "by": latest.by,
+                "at": latest.at.isoformat(),
+            },
+        }
+
+
+def better_direction(impact: Mapping[str, Any]) -> str:
+    """ "higher" or "lower": which way the impact's metric improves."""
+    stated = impact.get("better")
+    if stated in ("higher", "lower"):
+        return str(stated)
+    metric = str(impact.get("metric", "")).lower()
+    unit = str(impact.get("unit") or unit_for_key(metric))
+    if unit in _LOWER_IS_BETTER_UNITS or any(word in metric for word in _LOWER_IS_BETTER_WORDS):
+        return "lower"
+    return "higher"
+
+
+def impacts_of(finding: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A finding's impacts as a list: `impact` may be one object, a list, or null."""
+    impact = finding.get("impact")
+    if impact is None:
+        return []
+    if isinstance(impact, Mapping):
+        return [impact]
+    return [i for i in impact if isinstance(i, Mapping)]
+
+
+def interval_of(impact: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The impact's ci95 as (low, high), or None when it has no usable interval."""
+    ci = impact.get("ci95")
+    if not isinstance(ci, Sequence) or isinstance(ci, str) or len(ci) != 2:
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in ci):
+        return None
+    lo, hi = float(ci[0]), float(ci[1])
+    return (min(lo, hi), max(lo, hi))
+
+
+def judge_improvement(code: str, impact: Mapping[str, Any]) -> Improvement:
+    """Does this impact show an improvement whose 95 % interval excludes zero?"""
+    metric = str(impact.get("metric") or "unnamed metric")
+    ci = interval_of(impact)
+    if ci is None:
+        return Improvement(code, metric, False, f"{metric}: no 95 % interval was measured")
+    direction = better_direction(impact)
+    lo, hi = ci
+    if direction == "higher":
+        shown = lo > 0
+    else:
+        shown = hi < 0
+    if shown:
+        detail = f"{metric}: the whole 95 % interval of the change is an improvement"
+    elif lo <= 0 <= hi:
+        detail = f"{metric}: the 95 % interval of the change includes zero"
+    else:
+        detail = f"{metric}: the change is measured, but it is a regression"
+    return Improvement(code, metric, shown, detail)
+
+
+def next_business_day(day: dt.date, holidays: Collection[dt.date] = ()) -> dt.date:
+    """The first weekday after `day` that is not a listed holiday."""
+    nxt = day + dt.timedelta(days=1)
+    while nxt.weekday() >= 5 or nxt in holidays:
+        nxt += dt.timedelta(days=1)
+    return nxt
+
+
+def report_deadline(
+    lab_day: dt.date, *, holidays: Collection[dt.date] = (), tz: dt.tzinfo = dt.UTC
+) -> dt.datetime:
+    """The moment the report is late: the end of the first business day after the lab day."""
+    last_day = next_business_day(lab_day, holidays)
+    return dt.datetime.combine(last_day + dt.timedelta(days=1), dt.time(0, 0), tzinfo=tz)
+
+
+def lab_day_of(findings: Mapping[str, Any]) -> dt.date | None:
+    """The lab day recorded in findings `job.lab_day` (ISO date), if any."""
+    raw = (findings.get("job") or {}).get("lab_day")
+    if not raw:
+        return None
+    try:
+        return dt.date.fromisoformat(str(raw)[:10])
+    except ValueError:
+        raise ValueError(f"job.lab_day: expected an ISO date such as 2025-12-01, got {raw!r}") from None
+
+
+def assess(
+    findings: Mapping[str, Any],
+    *,
+    lab_day: dt.date | None = None,
+    sent_at: dt.datetime | None = None,
+    as_of: dt.datetime | None = None,
+    overrides: Iterable[OverrideEntry] = (),
+    holidays: Collection[dt.date] = (),
+    tz: dt.tzinfo = dt.UTC,
+) -> MoneyBackDecision:
+    """Apply the money-back rule to a findings document.
+
+    `sent_at` is when the report was first sent; while it is unsent, `as_of` (default:
+    now) stands in, i.e. the verdict is "if it were sent now". `lab_day` defaults to
+    `job.lab_day` in the findings.
+    """
+    now = as_of or dt.datetime.now(dt.UTC)
+    day = lab_day or lab_day_of(findings)
+    found = [f for f in findings.get("findings") or [] if isinstance(f, Mapping)]
+
+    lab_side = [str(f.get("code")) for f in found if str(f.get("code", "")).startswith(LAB_SIDE_PREFIX)]
+    if lab_side:
+        lab_condition = Condition(
+            "lab_side_failure",
+            "Lab could not reproduce the configuration for reasons on our side",
+            True,
+            f"Our lab could not reproduce the configuration ({', '.join(lab_side)}).",
+        )
+    else:
+        lab_condition = Condition(
+            "lab_side_failure",
+            "Lab could not reproduce the configuration for reasons on our side",
+            False,
+            "The configuration was reproduced; no lab-side failure was recorded.",
+        )
+
+    improvements = tuple(
+        judge_improvement(str(f.get("code", "")), impact) for f in found for impact in impacts_of(f)
+    )
+    shown = [i for i in improvements if i.demonstrated]
+    if shown:
+        improvement_condition = Condition(
+            "no_demonstrated_improvement",
+            "No finding shows a measured improvement whose 95 % interval excludes zero",
+            False,
+            f"{len(shown)} measured improvement{'s' if len(shown) != 1 else ''} with the 95 % interval "
+            f"excluding zero ({', '.join(sorted({i.code for i in shown}))}).",
+        )
+    else:
+        improvement_condition = Condition(
+            "no_demonstrated_improvement",
+            "No finding shows a measured improvement whose 95 % interval excludes zero",
+            True,
+            "No finding shows a measured improvement whose 95 % interval excludes zero.",
+        )
+
+    deadline = report_deadline(day, holidays=holidays, tz=tz) if day else None
+    if deadline is None:
+        late_condition = Condition(
+            "late_report",
+            "Report not sent within one business day of the lab day",
+            None,
+            "The lab day is not recorded, so the one-business-day rule could not be checked.",
+        )
+    else:
+        moment = sent_at or now
+        verb = "was sent" if sent_at else "is being issued"
+        late = moment >= deadline
+        shown_deadline = deadline.astimezone(tz) - dt.timedelta(microseconds=1)
+        late_condition = Condition(
+            "late_report",
+            "Report not sent within one business day of the lab day",
+            late,
+            f"The report {verb} on {moment.astimezone(tz):%Y-%m-%d %H:%M %Z}; the deadline was the end of "
+            f"{shown_deadline:%A %Y-%m-%d} (lab day {day:%Y-%m-%d})."
+            if late
+            else f"The report {verb} on {moment.astimezone(tz):%Y-%m-%d %H:%M %Z}, before the end of "
+            f"{shown_deadline:%A %Y-%m-%d} (lab day {day:%Y-%m-%d}).",
+        )
+
+    conditions = (lab_condition, improvement_condition, late_condition)
+    return MoneyBackDecision(
+        computed_eligible=any(c.holds for c in conditions),
+        conditions=conditions,
+        improvements=improvements,
+        deadline=deadline,
+        overrides=tuple(sorted(overrides, key=lambda o: o.at)),
+    )

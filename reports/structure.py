@@ -1,0 +1,265 @@
+"""The report's structure: plain dataclasses holding finished text, and the small
+readers every section uses to take figures out of a findings document safely.
+
+Templates only lay these out; every figure in them is already formatted by
+`reports.figures`, so the report and the tests that read it back agree on each digit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+from django.utils.safestring import SafeString, mark_safe
+
+from reports import figures as fig
+
+WORKLOAD_ORDER = ("code", "prose")
+NOT_RUN = "Not run in this engagement."
+ACRONYMS = {
+    w.lower(): w for w in ("CPU", "GPU", "NIC", "JIT", "KV", "NCCL", "TTFT", "FP4", "MoE", "NVMe", "API")
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A labelled value."""
+
+    label: str
+    value: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One measure before and after; each figure may carry a second, smaller line."""
+
+    label: str
+    before: str
+    after: str
+    change: str
+    note: str = ""
+    before_sub: str = ""
+    after_sub: str = ""
+    change_sub: str = ""
+
+
+@dataclass(frozen=True)
+class DiffLine:
+    sign: str  # "-" removed, "+" added
+    text: str
+
+
+@dataclass(frozen=True)
+class Change:
+    diff: list[DiffLine]
+    flags_add: str
+    flags_remove: str
+    notes: list[str]
+    other: list[Row]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.diff or self.flags_add or self.flags_remove or self.notes or self.other)
+
+
+@dataclass(frozen=True)
+class Impact:
+    metric: str
+    before: str
+    after: str
+    change: str
+    interval: str
+    n: str
+    demonstrated: bool
+    verdict: str
+
+
+@dataclass(frozen=True)
+class Block:
+    """One piece of a section: a paragraph, a table, a plot or a list of labelled values."""
+
+    kind: str  # "paragraph" | "table" | "plot" | "rows" | "heading"
+    text: str = ""
+    caption: str = ""
+    columns: Sequence[str] = ()
+    numeric: Sequence[bool] = ()
+    rows: Sequence[Sequence[str]] = ()
+    pairs: Sequence[Row] = ()
+    svg: SafeString | None = None
+    number: int = 0
+    compact: bool = False
+    groups: Sequence[tuple[str, int]] = ()  # a header row above the columns: (title, columns spanned)
+
+    @property
+    def head(self) -> list[tuple[str, bool]]:
+        """Column titles with whether each column holds figures (right-aligned)."""
+        return [
+            (c, bool(self.numeric[i]) if i < len(self.numeric) else False) for i, c in enumerate(self.columns)
+        ]
+
+    @property
+    def body(self) -> list[list[tuple[str, bool]]]:
+        return [
+            [(cell, bool(self.numeric[i]) if i < len(self.numeric) else False) for i, cell in enumerate(row)]
+            for row in self.rows
+        ]
+
+
+@dataclass(frozen=True)
+class FindingSection:
+    anchor: str
+    number: str
+    code: str
+    title: str
+    lead: str
+    evidence: list[Row]
+    why: str
+    change: Change
+    impacts: list[Impact]
+    impact_note: str
+    see_also: tuple[str, str] | None
+
+
+@dataclass(frozen=True)
+class StageSection:
+    anchor: str
+    number: str
+    title: str
+    ran: bool
+    blocks: list[Block]
+
+
+@dataclass(frozen=True)
+class Cover:
+    title: str
+    subtitle: str
+    customer: str
+    date: str
+    lab: str
+    lab_note: str
+    job_id: str
+    version: str
+    config: list[Row]
+
+
+@dataclass(frozen=True)
+class MoneyBackView:
+    eligible: bool
+    headline: str
+    status: str
+    reason: str
+    computed_status: str
+    conditions: list[Row]
+    overrides: Sequence[Sequence[str]]
+
+
+@dataclass
+class ReportContent:
+    cover: Cover
+    headline: list[str]
+    summary: list[SummaryRow]
+    money_back: MoneyBackView
+    findings: list[FindingSection]
+    stages: list[StageSection]
+    appendices: list[StageSection]
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def audit_number(self) -> str:
+        """The money-back appendix comes after the others."""
+        return chr(ord("A") + len(self.appendices))
+
+
+# --------------------------------------------------------------------------- readers
+
+
+class FigureCounter:
+    """Numbers plots in order of appearance and keeps each plot's ids unique."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.count = 0
+
+    def plot(self, svg_maker: Any, caption: str, **kwargs: Any) -> Block | None:
+        if not self.enabled:
+            return None
+        self.count += 1
+        svg = svg_maker(scope=f"fig{self.count}", **kwargs)
+        # The SVG comes from matplotlib, never from findings text, so it is safe to inline.
+        return Block(kind="plot", svg=mark_safe(svg), caption=caption, number=self.count)  # noqa: S308
+
+
+def present(section: Any) -> TypeGuard[Mapping[str, Any]]:
+    """A findings section that was produced: a non-empty mapping (null means not run)."""
+    return isinstance(section, Mapping) and bool(section)
+
+
+def as_number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def as_interval(value: Any) -> tuple[float, float] | None:
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        lo, hi = as_number(value[0]), as_number(value[1])
+        if lo is not None and hi is not None:
+            return (lo, hi)
+    return None
+
+
+def humanize(key: str) -> str:
+    words = key.replace(".", " ").split("_")
+    unit_words = {"s", "ms", "tps", "mbps", "pct", "gib", "gb", "gbs"}
+    qualifiers = {"mean", "peak", "max", "min", "median"}
+    kept = [w for w in words if w not in unit_words]
+    qualifier = ""
+    if kept and kept[-1] in qualifiers:
+        qualifier = kept.pop()
+    kept = [ACRONYMS.get(w, w) for w in kept]
+    text = " ".join(kept).strip() or key
+    text = text[0].upper() + text[1:]
+    return f"{text}, {qualifier}" if qualifier else text
+
+
+def value_text(key: str, value: Any) -> str:
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float):
+        return fig.formatter_for(fig.unit_for_key(key))(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}: {value_text(str(k), v)}" for k, v in value.items())
+    if isinstance(value, Sequence):
+        items = list(value)
+        if len(items) > 6 and all(as_number(v) is not None for v in items):
+            nums = [float(v) for v in items]
+            fmt = fig.formatter_for(fig.unit_for_key(key))
+            return f"{len(nums)} values, {fmt(min(nums))} to {fmt(max(nums))}"
+        return ", ".join(value_text(key, v) for v in items)
+    return str(value)
+
+
+def workloads_in(*sections: Any) -> list[str]:
+    found: list[str] = []
+    for section in sections:
+        if isinstance(section, Mapping):
+            for key, value in section.items():
+                if (
+                    isinstance(value, Mapping)
+                    and ("mean_tps" in value or "runs" in value)
+                    and key not in found
+                ):
+                    found.append(str(key))
+    return sorted(found, key=lambda w: (WORKLOAD_ORDER.index(w) if w in WORKLOAD_ORDER else 99, w))
+
+
+def setting_label(method: Any, k: Any) -> str:
+    if method in (None, "none") or not k:
+        return "no speculation"
+    return f"{method}, k = {k}"

@@ -1,0 +1,190 @@
+"""The written report read back from its PDF: the job's figures exactly as findings.json
+has them (printed by reports.figures), every raw run, every finding, page furniture,
+every page rasterized, and the audit trail of a staff override."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from pypdf import PdfReader
+
+from reports import figures as fig
+from reports.content import impact_formatters
+from reports.moneyback import OverrideEntry, assess
+from reports.report import render, report_digest
+from tests.reports.conftest import (
+    CUSTOMER,
+    ISSUED,
+    ReferenceReport,
+    minimal_findings,
+    pdf_text,
+    require_tool,
+    squash,
+)
+
+
+def _has(flat: str, phrase: str) -> bool:
+    return squash(phrase) in flat
+
+
+def test_the_summary_shows_decode_rates_before_and_after_with_their_intervals(
+    reference_report: ReferenceReport,
+) -> None:
+    f, flat = reference_report.findings, reference_report.flat
+    for workload in ("code", "prose"):
+        before, after = f["measurement"][workload], f["speculative"]["best"][workload]
+        for block in (before, after):
+            assert _has(flat, fig.tps(block["mean_tps"])), workload
+            assert _has(flat, f"({fig.interval(block['ci95'], fig.tps)})"), workload
+        impact = next(
+            i["impact"]
+            for i in f["findings"]
+            if (i["impact"] or {}).get("metric") == f"decode_tps.{workload}"
+        )
+        assert _has(flat, fig.signed(after["mean_tps"] - before["mean_tps"], fig.tps))
+        assert _has(flat, fig.signed_interval(impact["ci95"], fig.tps))
+
+
+def test_the_summary_shows_cold_start_fp4_and_money_back(reference_report: ReferenceReport) -> None:
+    f, flat = reference_report.findings, reference_report.flat
+    cold = f["cold_start"]
+    for seconds in (cold["before_s"], cold["after_s"]):
+        assert _has(flat, fig.minutes(seconds))
+        assert _has(flat, f"({fig.seconds(seconds)})")
+    assert _has(flat, fig.signed(cold["after_s"] - cold["before_s"], fig.seconds))
+    rates = f["fp4"]["canary_pass_rate"]
+    assert _has(flat, f"{f['fp4']['backend_before']}, {fig.percent(rates['before'])} of canaries")
+    assert _has(flat, f"{f['fp4']['backend_after']}, {fig.percent(rates['after'])} of canaries")
+    assert _has(flat, "Does not apply: improvements demonstrated")
+
+
+def test_the_cover_names_customer_lab_dilation_and_version(reference_report: ReferenceReport) -> None:
+    flat = reference_report.flat
+    assert _has(flat, f"Prepared for {CUSTOMER}")
+    assert _has(flat, "Simulated lab \u201creference-kimi-k2-8spark\u201d")
+    assert _has(flat, "30\u00d7 faster than real time")
+    assert _has(flat, f"report version {reference_report.report.version}")
+    assert _has(flat, "Issued 1 December 2025")
+
+
+def test_every_finding_has_its_section_with_its_impact(reference_report: ReferenceReport) -> None:
+    flat = reference_report.flat
+    for finding in reference_report.findings["findings"]:
+        assert _has(flat, finding["title"])
+        assert _has(flat, finding["code"])
+        impact = finding["impact"]
+        if impact is None:
+            continue
+        fmt, _, _ = impact_formatters(fig.unit_for_key(impact["metric"]))
+        assert _has(flat, fmt(impact["before"])), finding["code"]
+        assert _has(flat, fmt(impact["after"])), finding["code"]
+
+
+def test_the_server_claim_and_its_reconciliation_are_shown(reference_report: ReferenceReport) -> None:
+    f, flat = reference_report.findings, reference_report.flat
+    claimed = f["measurement"]["server_claimed_tps"]["code"]
+    assert _has(flat, fig.tps(claimed))
+    assert _has(flat, fig.ratio(claimed / f["measurement"]["code"]["mean_tps"]))
+    assert _has(flat, "metrics.server_counts_proposed: The server counts every proposed position")
+
+
+def test_every_raw_run_is_printed_on_its_own_row(reference_report: ReferenceReport) -> None:
+    f, text = reference_report.findings, reference_report.text
+    for workload in ("code", "prose"):
+        before = f["measurement"][workload]["runs"]
+        after = f["speculative"]["best"][workload]["runs"]
+        for run_before, run_after in zip(before, after, strict=True):
+            cells = [
+                str(run_before["i"]),
+                str(run_before["prompt"]),
+                fig.milliseconds(run_before["ttft_s"]),
+                fig.tps(run_before["decode_tps"]),
+                fig.tps(run_before["e2e_tps"]),
+                fig.milliseconds(run_after["ttft_s"]),
+                fig.tps(run_after["decode_tps"]),
+                fig.tps(run_after["e2e_tps"]),
+            ]
+            pattern = r"\s+".join(re.escape(c) + r"(?:\s+512)*" for c in cells)
+            assert re.search(r"^\s*" + pattern, text, flags=re.MULTILINE), (workload, run_before["i"])
+
+
+def test_pages_carry_numbers_and_a_running_header(reference_report: ReferenceReport) -> None:
+    pages = reference_report.report.pages
+    reader = PdfReader(reference_report.report.pdf_path)
+    assert len(reader.pages) == pages
+    second = squash(reader.pages[1].extract_text())
+    assert f"Page 2 of {pages}" in second
+    assert f"{CUSTOMER}: serving diagnostic" in second
+    assert "1 Summary" in second
+
+
+def test_every_page_rasterizes(reference_report: ReferenceReport, tmp_path: Path) -> None:
+    tool = require_tool("pdftoppm")
+    subprocess.run(
+        [tool, "-png", "-r", "30", str(reference_report.report.pdf_path), str(tmp_path / "p")],
+        check=True,
+        capture_output=True,
+    )
+    pngs = sorted(tmp_path.glob("p-*.png"))
+    assert len(pngs) == reference_report.report.pages
+    assert all(p.read_bytes().startswith(b"\x89PNG") and p.stat().st_size > 1000 for p in pngs)
+
+
+def test_the_plots_are_in_the_pdf_with_their_captions(reference_report: ReferenceReport) -> None:
+    flat = reference_report.flat
+    for number in range(1, 5):
+        assert _has(flat, f"Figure {number}.")
+    assert _has(flat, "seconds into the stall")  # text inside the telemetry SVG
+    assert reference_report.report.refused_urls == ()
+
+
+def test_a_report_is_the_same_version_and_bytes_when_rendered_again(tmp_path: Path) -> None:
+    document = minimal_findings()
+    first = render(document, tmp_path / "a", customer=CUSTOMER, as_of=ISSUED)
+    second = render(document, tmp_path / "b", customer=CUSTOMER, as_of=ISSUED)
+    assert first.digest == second.digest
+    assert first.pdf_path.read_bytes() == second.pdf_path.read_bytes()
+
+
+def test_a_missing_stage_reads_not_run_and_invents_nothing(tmp_path: Path) -> None:
+    report = render(minimal_findings(), tmp_path, customer=CUSTOMER, as_of=ISSUED)
+    flat = squash(pdf_text(report.pdf_path, layout=False))
+    assert flat.count("Not run in this engagement.") == 3
+    assert "Decode rate, code" not in flat
+    assert "Cold start" in flat
+
+
+def test_a_staff_override_is_printed_with_who_when_and_why(tmp_path: Path) -> None:
+    override = OverrideEntry(
+        eligible=True,
+        reason="Our lab lost power for two hours during the measurements.",
+        by="Dana Reyes",
+        at=dt.datetime(2025, 12, 2, 9, 30, tzinfo=dt.UTC),
+    )
+    report = render(minimal_findings(), tmp_path, customer=CUSTOMER, as_of=ISSUED, overrides=[override])
+    flat = squash(pdf_text(report.pdf_path, layout=False))
+    assert report.money_back.eligible is True
+    assert "2025-12-02 09:30 UTC Dana Reyes free of charge Our lab lost power" in flat
+    assert "By the rule alone the engagement is charged as agreed." in flat
+    assert "Applies: this engagement is free of charge" in flat
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_late_report_is_free(tmp_path: Path, late: bool) -> None:
+    as_of = dt.datetime(2025, 12, 3, 9, 0, tzinfo=dt.UTC) if late else ISSUED
+    report = render(minimal_findings(), tmp_path, customer=CUSTOMER, as_of=as_of)
+    assert report.money_back.eligible is late
+
+
+def test_writing_the_decision_back_into_the_findings_keeps_the_version() -> None:
+    document = minimal_findings()
+    decision = assess(document, as_of=ISSUED)
+    before = report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision)
+    document["money_back"] = decision.as_findings()
+    assert report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision) == before
+    document["findings"][0]["title"] = "A different title"
+    assert report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision) != before

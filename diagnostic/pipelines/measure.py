@@ -526,7 +526,10 @@ def _reconcile(
     headline = from_log or from_metrics
     observed = headline["ratio"] if headline else None
     causes: list[dict[str, Any]] = []
-    for source in (from_log, from_metrics):
+    # /metrics counters over the exact request intervals test the hypothesis exactly; log
+    # windows only approximately (their delivered tokens are apportioned), so they are
+    # the fallback for servers whose /metrics is out of reach.
+    for source in (from_metrics, from_log):
         proposed = claims.proposed_counting(source)
         if proposed is not None:
             causes.append(proposed)

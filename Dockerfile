@@ -22,7 +22,7 @@ WORKDIR /app
 COPY pyproject.toml requirements.lock ./
 RUN python -c "import tomllib; print(chr(10).join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
-    && pip install -c requirements.lock -r /tmp/requirements.txt gunicorn==27.0.1
+    && pip install -c requirements.lock -r /tmp/requirements.txt
 
 COPY . .
 

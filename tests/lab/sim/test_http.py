@@ -19,9 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from tokenizers import Tokenizer
 
 from lab.clock import LabClock
+from lab.config import normalize_config
 from lab.sim.http import ServingEngine
 from lab.sim.physics import decode_plan
 from lab.sim.tokenizer import count_tokens, default_cache_dir, ensure_tokenizer, load_tokenizer
@@ -88,32 +90,9 @@ class LabScenario:
     )
 
 
-CONFIG: dict[str, Any] = {
-    "schema": "diagnostic.config/1",
-    "engine": {"name": "vllm", "version": "0.29.1"},
-    "model": {"id": "moonshotai/Kimi-K2-Instruct-0905", "quantization": "nvfp4", "path": "/models/kimi-k2"},
-    "cluster": {"nodes": 8, "node_type": "dgx-spark", "link_gbps": 100},
-    "parallel": {"tp": 8, "pp": 1, "expert_parallel": True},
-    "serving": {
-        "max_model_len": 262144,
-        "kv_cache_dtype": "fp8",
-        "gpu_memory_utilization": 0.85,
-        "enforce_eager": False,
-        "load_format": "auto",
-        "safetensors_load_strategy": "lazy",
-        "jit_cache": "ephemeral",
-        "moe_backend": "auto",
-        "linear_backend": "auto",
-    },
-    "speculative": {
-        "method": "eagle3",
-        "draft_model": "AQ-MedAI/Kimi-K2-Instruct-eagle3",
-        "num_speculative_tokens": 4,
-    },
-    "env": {},
-    "extra_args": [],
-    "workloads": ["code", "prose"],
-}
+# The out-of-box customer configuration (LAB_MODEL.md section 8): EAGLE-3, k = 4.
+CONFIG: dict[str, Any] = normalize_config(yaml.safe_load(
+    (Path(__file__).resolve().parents[3] / "examples/configs/kimi-k2-8spark-outofbox.yaml").read_text()))
 MODEL = "/models/kimi-k2"
 CODE_PROMPT = "Write a Python function that merges two sorted lists."
 PROSE_PROMPT = "Describe a walk along the harbour at dusk."

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -138,15 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _Fail, InventoryError, LabError, SSHError, ValueError, OSError)
     try:
         return handlers[args.command](args)
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away; send what is left nowhere, quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except expected as exc:
         sys.stderr.write(f"lab {args.command}: {exc}\n")
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # The reader (e.g. `| head`) went away; nothing left to say to it.
-        sys.stderr.close()
-        return 0
 
 
 if __name__ == "__main__":

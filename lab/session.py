@@ -91,6 +91,7 @@ class LabSession:
         self.clock = LabClock(self.inventory.time_dilation, self.inventory.time_origin)
         self.ssh = LabSSH(self.inventory)
         self._agent_ready: set[str] = set()
+        self._tokenizer_dir: tempfile.TemporaryDirectory[str] | None = None
         self._launched: list[str] = []
 
     @classmethod
@@ -99,6 +100,9 @@ class LabSession:
 
     def close(self) -> None:
         self.ssh.close()
+        if self._tokenizer_dir is not None:
+            self._tokenizer_dir.cleanup()
+            self._tokenizer_dir = None
 
     def __enter__(self) -> LabSession:
         return self
@@ -128,11 +132,14 @@ class LabSession:
             return [n.name for n in self.nodes]
         return [n if isinstance(n, str) else n.name for n in nodes]
 
-    def _agent_call(self, conn: NodeConnection, args: Sequence[str], timeout: float) -> dict[str, Any]:
+    def _agent_call(
+        self, conn: NodeConnection, args: Sequence[str], timeout: float, *, idempotent: bool = True
+    ) -> dict[str, Any]:
         node = conn.node
         if node.name not in self._agent_ready:
             self._push_agent(conn)
-        res = conn.run([node.python, node.agent_path, *args, "--json"], timeout=timeout)
+        res = conn.run([node.python, node.agent_path, *args, "--json"], timeout=timeout,
+                       idempotent=idempotent)
         try:
             answer = json.loads(res.out)
         except json.JSONDecodeError as exc:
@@ -237,15 +244,15 @@ class LabSession:
         return f"{node.work_dir}/telemetry/samples.jsonl"
 
     def start_sampler(self, nodes: Iterable[Node | str] | None = None, interval_s: float = 1.0) -> None:
-        """Start the 1 Hz (lab time) telemetry sampler on the nodes."""
+        """Start the telemetry sampler on the nodes, one sample per `interval_s` of the
+        nodes' own clock (lab time: a simulated node's clock runs at the lab's dilation)."""
         names = self._names(nodes)
-        wall_interval = self.clock.wall_seconds(interval_s)
 
         def start(conn: NodeConnection) -> dict[str, Any]:
             conn.makedirs(f"{conn.node.work_dir}/telemetry")
             return self._agent_call(
                 conn, ["sampler", "start", "--out", self._sampler_file(conn.node),
-                       "--interval", f"{wall_interval:.6g}"], AGENT_TIMEOUT_S)
+                       "--interval", f"{interval_s:.6g}"], AGENT_TIMEOUT_S)
 
         _raise_first(self.ssh.each(start, names))
 
@@ -313,10 +320,23 @@ class LabSession:
             conn.put_bytes(json.dumps(spec, indent=2).encode(), f"{node.work_dir}/launch/spec.json")
 
         _raise_first(self.ssh.each(place, list(by_node)))
+        try:
+            return self._start_and_wait(nodes, specs, timeout_s, cold=cold)
+        except BaseException:
+            # Ranks that did start would hold the GPUs of a launch that failed.
+            self.stop(nodes)
+            raise
+
+    def _start_and_wait(
+        self, nodes: Sequence[Node], specs: list[dict[str, Any]], timeout_s: float, *, cold: bool
+    ) -> LaunchResult:
+        by_node = {n.name: n for n in nodes}
         started_wall = time.monotonic()
         results = self.ssh.each(
+            # Not idempotent: sent twice after a dropped connection, the second would find
+            # the engine running and report a start that worked as failed.
             lambda c: self._agent_call(c, ["launch", "--spec", f"{c.node.work_dir}/launch/spec.json"],
-                                       AGENT_TIMEOUT_S),
+                                       AGENT_TIMEOUT_S, idempotent=False),
             list(by_node),
         )
         _raise_first(results)
@@ -358,6 +378,9 @@ class LabSession:
                     self._check_running(nodes)
                 except LabError as exc:
                     failure.append(exc)
+                    return
+                except Exception as exc:  # a watcher that dies silently would hide a crash
+                    failure.append(LabError(f"checking the engine failed: {exc}"))
                     return
 
         watcher = threading.Thread(target=watch, name="launch-watch", daemon=True)
@@ -407,7 +430,11 @@ class LabSession:
     def tokenizer_path(self, cache_dir: Path | None = None) -> Path:
         """A local copy of the model's tokenizer from the head node's model directory."""
         head = self.inventory.head
-        dest_dir = Path(cache_dir or tempfile.mkdtemp(prefix="diag-tokenizer-"))
+        if cache_dir is None:
+            if self._tokenizer_dir is None:
+                self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="diag-tokenizer-")
+            cache_dir = Path(self._tokenizer_dir.name)
+        dest_dir = Path(cache_dir)
         dest_dir.mkdir(parents=True, exist_ok=True)
         conn = self.ssh[head.name]
         errors: list[str] = []

@@ -10,6 +10,7 @@ waiting for the exit status first deadlocks once the channel window fills.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import io
 import logging
@@ -120,8 +121,16 @@ _TRANSIENT = (
 )
 
 
+# What a healthy node answers about a path (SFTP status errors arrive as OSError): no
+# retry will change it, and it says nothing about the network.
+_PATH_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR, errno.EISDIR,
+                errno.ENOSPC}
+
+
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (paramiko.AuthenticationException, paramiko.BadHostKeyException, HostKeyError)):
+        return False
+    if isinstance(exc, OSError) and exc.errno in _PATH_ERRNOS:
         return False
     if isinstance(exc, _TRANSIENT):
         return True
@@ -320,11 +329,25 @@ class NodeConnection:
                 progressed = True
                 if on_output:
                     on_output("stderr", data)
-            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-                if channel.eof_received or channel.closed:
-                    break
-            if channel.closed and not channel.exit_status_ready():
-                raise EOFError("channel closed before the command exited")
+            drained = not channel.recv_ready() and not channel.recv_stderr_ready()
+            # paramiko's exit_status_ready() is also true for a channel that merely closed,
+            # as every channel does when the connection drops: only a real exit status
+            # (0 or more; paramiko leaves -1 otherwise) means the command finished.
+            exited = channel.status_event.is_set() and channel.exit_status >= 0
+            if exited and drained and (channel.eof_received or channel.closed):
+                break
+            if channel.closed and drained and not exited:
+                # Closed without an exit status: either the connection dropped (paramiko
+                # closes the channels just before it marks the transport inactive, so give
+                # it a moment) or the command was killed by a signal (paramiko ignores
+                # exit-signal), which is reported as exit status -1.
+                transport = channel.get_transport()
+                settle = time.monotonic() + 1.0
+                while transport is not None and transport.is_active() and time.monotonic() < settle:
+                    time.sleep(0.02)
+                if transport is None or not transport.is_active():
+                    raise EOFError("connection dropped while the command ran")
+                break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CommandTimeout(

@@ -47,6 +47,16 @@ def measure(ctx: StageContext) -> dict[str, Any]:
     ctx.check_cancelled()
     for workload in config["workloads"]:
         summary = section[workload]
+        if summary.get("ci95") is None:
+            # Fewer than two runs gave a decode rate (failed or abandoned requests): there is
+            # no interval to report, and a figure without one is not a measurement.
+            ctx.add_finding(
+                "measure.too_few_runs",
+                f"Only {summary.get('n', 0)} {workload} run(s) gave a decode rate; no interval",
+                evidence={"workload": workload, "n": summary.get("n", 0),
+                          "warnings": section.get("warnings", [])},
+            )
+            continue
         ctx.add_measurement(
             workload=workload,
             configuration=CUSTOMER,

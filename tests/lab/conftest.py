@@ -7,6 +7,7 @@ host-key checking, real authentication and a real shell on the far side.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -90,9 +91,17 @@ class Sshd:
         """Drop every open connection (the per-connection sshd children), keep listening."""
         if self.proc is None:
             return
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
-        for pid in out.stdout.split():
-            os.kill(int(pid), signal.SIGKILL)
+        # Every process below the listener: the per-connection monitor, its unprivileged
+        # child that holds the socket, and the commands, so the TCP connection really ends.
+        victims: list[int] = []
+        parents = [self.proc.pid]
+        while parents:
+            out = subprocess.run(["pgrep", "-P", ",".join(map(str, parents))], capture_output=True, text=True)
+            parents = [int(p) for p in out.stdout.split()]
+            victims += parents
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def inventory(self, **node: object) -> Inventory:
         data = {

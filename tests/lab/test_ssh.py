@@ -165,3 +165,39 @@ def test_it_runs_the_same_command_on_all_nodes_concurrently(sshd: Sshd) -> None:
         assert not isinstance(res, Exception) and res.out == "ok\n"
     finally:
         lab.close()
+
+
+DROPPED_MID_COMMAND = "import sys, time\nprint('partial', flush=True)\ntime.sleep(2)\nprint('done')\n"
+
+
+def test_a_connection_lost_mid_command_is_retried_when_the_command_is_idempotent(sshd: Sshd) -> None:
+    with connect(sshd, backoff_s=0.2) as conn:
+        assert conn.run(["true"], timeout=10).ok
+        dropper = threading.Timer(0.8, sshd.kill_sessions)
+        dropper.start()
+        try:
+            res = conn.run([PY, "-c", DROPPED_MID_COMMAND], timeout=30)
+        finally:
+            dropper.join()
+    assert (res.exit_status, res.out) == (0, "partial\ndone\n")
+
+
+def test_a_connection_lost_mid_command_is_an_error_not_a_result_when_not_idempotent(sshd: Sshd) -> None:
+    with connect(sshd, backoff_s=0.2) as conn:
+        assert conn.run(["true"], timeout=10).ok
+        dropper = threading.Timer(0.8, sshd.kill_sessions)
+        dropper.start()
+        try:
+            with pytest.raises(SSHError, match="connection lost while running"):
+                conn.run([PY, "-c", DROPPED_MID_COMMAND], timeout=30, idempotent=False)
+        finally:
+            dropper.join()
+
+
+def test_a_missing_remote_file_is_reported_at_once_and_not_as_an_unreachable_node(sshd: Sshd) -> None:
+    with connect(sshd, backoff_s=1.0) as conn:
+        started = time.monotonic()
+        with pytest.raises(SSHError) as info:
+            conn.get_bytes(str(sshd.root / "no-such-file"))
+    assert not info.value.transient
+    assert time.monotonic() - started < 1.0, "a path error must not be retried"

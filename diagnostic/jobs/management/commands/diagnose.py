@@ -260,7 +260,9 @@ def headline_table(document: dict[str, Any]) -> list[str]:
         rows.append((f"{workload}: delivered tok/s (95 % CI)", value, "not run"))
     claimed = measurement.get("server_claimed_tps") or {}
     for workload in ("code", "prose"):
-        rows.append((f"{workload}: server-claimed tok/s", _fmt(claimed.get(workload), 1), ""))
+        claim = claimed.get(workload)
+        shown = _fmt(claim, 1) if claim is not None or not measurement else "not reported"
+        rows.append((f"{workload}: server-claimed tok/s", shown, ""))
     fp4 = document.get("fp4") or {}
     rows.append(("FP4 verdict", str(fp4.get("verdict", "not run")), ""))
     money = document.get("money_back")

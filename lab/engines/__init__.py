@@ -10,6 +10,7 @@ command line cannot carry are listed in `UNCARRIED`; `launch_view` drops them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from lab.engines.base import (
     UNCARRIED,
     Engine,
     EngineArgError,
+    LaunchInfo,
     ParsedLaunch,
     jit_cache_env,
     launch_spec,
@@ -92,10 +94,8 @@ def parse_launch(argv: Sequence[str], env: Mapping[str, str]) -> ParsedLaunch:
     except ConfigError as exc:
         flag, problem = engine.value_problem(exc)
         raise engine.table.error(flag, f"argument {flag}: {problem}") from None
-    return ParsedLaunch(config=config, engine=engine.name, node_rank=info.node_rank,
-                        nnodes=info.nnodes, headless=info.headless, host=info.host,
-                        port=info.port, master_addr=info.master_addr,
-                        master_port=info.master_port)
+    where = {f.name: getattr(info, f.name) for f in fields(LaunchInfo)}
+    return ParsedLaunch(config=config, engine=engine.name, **where)
 
 
 def parse_command(text: str) -> dict[str, Any]:

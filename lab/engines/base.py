@@ -50,7 +50,21 @@ class EngineArgError(ValueError):
 
 
 @dataclass(frozen=True)
-class ParsedLaunch:
+class LaunchInfo:
+    """Where this process sits in a multi-node launch: its rank, whether it serves the
+    HTTP API, and the rendezvous address."""
+
+    node_rank: int
+    nnodes: int
+    headless: bool
+    host: str
+    port: int
+    master_addr: str | None
+    master_port: int | None
+
+
+@dataclass(frozen=True)
+class ParsedLaunch(LaunchInfo):
     """What an engine process was launched with, as the simulated engine reads it.
 
     `config` is the normalized configuration (fields in UNCARRIED hold defaults);
@@ -61,13 +75,6 @@ class ParsedLaunch:
 
     config: dict[str, Any]
     engine: str
-    node_rank: int
-    nnodes: int
-    headless: bool
-    host: str
-    port: int
-    master_addr: str | None
-    master_port: int | None
 
 
 @dataclass(frozen=True)
@@ -208,16 +215,6 @@ class FlagTable:
             raise self.error(unknown[0], "unrecognized arguments: " + " ".join(unknown))
         return out
 
-
-@dataclass(frozen=True)
-class LaunchInfo:
-    node_rank: int
-    nnodes: int
-    headless: bool
-    host: str
-    port: int
-    master_addr: str | None
-    master_port: int | None
 
 
 def launch_view(config: Mapping[str, Any]) -> dict[str, Any]:

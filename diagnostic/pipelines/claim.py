@@ -42,6 +42,29 @@ COUNTERS = {
 }
 RUNNING_GAUGE = "num_requests_running"
 
+# Every cause `reconcile` tests, by the code it reports, in plain words (the report prints
+# these beside the evidence).
+CAUSES = {
+    "metrics.server_counts_proposed": (
+        "The server counts every proposed position of a speculative step (k + 1 per step) as a generated "
+        "token, accepted or not, while the client receives only the accepted prefix plus one."
+    ),
+    "metrics.server_busy_time": (
+        "The server divides tokens by the time it was busy, leaving out the idle gaps between requests."
+    ),
+    "metrics.unseen_tokens": (
+        "The server counts tokens the client never saw as content (reasoning text, or usage above the "
+        "re-tokenized count)."
+    ),
+    "metrics.orphaned_requests": (
+        "Requests kept generating after the client had finished with them, and the server counted them."
+    ),
+    "metrics.client_counts_chunks": (
+        "A client counting stream chunks instead of tokens undercounts: with speculative decoding one "
+        "chunk carries several tokens."
+    ),
+}
+
 
 # -- /metrics -----------------------------------------------------------------------------
 

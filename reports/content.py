@@ -22,11 +22,16 @@ Shapes read beyond DESIGN.md's schema (all optional, documented for the pipeline
 - `fp4.verdict_after`, `fp4.backends[]`: per-backend checks.
 - `speculative.baseline|none|best.{workload}`: {n, mean_tps, ci95, runs?};
   `speculative.trials[]`: {workload, method, k, stage: screen|confirm, n, mean_tps, ci95}.
-- `measurement.{workload}.runs[]`: {i, prompt, delivered_tokens, usage_completion_tokens,
-  ttft_s, decode_tps, e2e_tps, outlier}; `measurement.protocol`; `measurement.after`
-  (same shape as `measurement`, the recommended configuration measured by the same
-  protocol; when absent, `speculative.best` is the "after");
-  `measurement.reconciliation_detail`: {cause code: {figure: value}}.
+- `measurement` as the measure stage writes it (`diagnostic/pipelines/measure.py`; the
+  findings schema's `workload_measurement` and `run`): `{workload}.runs[]` with 0-based
+  `index` and `prompt_index`, `tokens` (delivered), `usage_completion_tokens`, `ttft_s`,
+  `decode_tps`, `e2e_tps`; `{workload}.outliers` (positions among the runs with a rate);
+  `{workload}.server_claim.{log,metrics}`; `reconciliation_detail`: {workload: [tested
+  cause: {code, present, explains_ratio, observed_ratio, predicted_ratio, evidence}]}.
+  `measurement.after` (same shape, the recommended configuration measured by the same
+  protocol; when absent, `speculative.best` is the "after").
+- `finding.evidence.claims` / `.delivered` (the measure stage's overclaim evidence) print
+  as one table; `explained_by` prints each cause with its description.
 """
 
 from __future__ import annotations
@@ -36,11 +41,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from diagnostic.pipelines.claim import CAUSES
 from reports import figures as fig
 from reports import sections
 from reports.moneyback import MoneyBackDecision, impacts_of, judge_improvement
 from reports.sections import classify_canaries
 from reports.structure import (
+    Block,
     Change,
     Cover,
     DiffLine,
@@ -245,6 +252,47 @@ def build_impact(code: str, impact: Mapping[str, Any]) -> Impact:
     )
 
 
+def server_claims_table(evidence: Mapping[str, Any]) -> Block | None:
+    """`claims` ({workload: {log|metrics: {claimed_tps, ratio, ...}}}) beside `delivered`
+    ({workload: {mean_tps, ci95}}) as one table, the way the measure stage records an
+    overclaim; None when the evidence has no such pair."""
+    claims, delivered = evidence.get("claims"), evidence.get("delivered")
+    if not isinstance(claims, Mapping) or not isinstance(delivered, Mapping):
+        return None
+    rows = []
+    for workload in workloads_in(delivered):
+        got = delivered[workload]
+        by_source = claims.get(workload) or {}
+        mean, ci = as_number(got.get("mean_tps")), as_interval(got.get("ci95"))
+
+        def claim(source: str, by_source: Mapping[str, Any] = by_source) -> str:
+            c = by_source.get(source)
+            value = as_number(c.get("claimed_tps")) if isinstance(c, Mapping) else None
+            return fig.tps(value) if value is not None else "not measured"
+
+        ratios = [as_number(c.get("ratio")) for c in by_source.values() if isinstance(c, Mapping)]
+        worst = max((r for r in ratios if r is not None), default=None)
+        rows.append(
+            [
+                workload,
+                fig.tps(mean) if mean is not None else "",
+                fig.interval(ci, fig.tps) if ci else "",
+                claim("log"),
+                claim("metrics"),
+                fig.ratio(worst) if worst is not None else "",
+            ]
+        )
+    if not rows:
+        return None
+    return Block(
+        "table",
+        caption="Delivered at the client against what the server claims over the same requests (tok/s).",
+        columns=["Workload", "Delivered", "95 % interval", "Server log", "/metrics", "Claimed / delivered"],
+        numeric=[False, True, True, True, True, True],
+        rows=rows,
+    )
+
+
 def build_finding(
     index: int, finding: Mapping[str, Any], stage_titles: Mapping[str, tuple[str, str]]
 ) -> FindingSection:
@@ -253,10 +301,18 @@ def build_finding(
     evidence = finding.get("evidence") or {}
     lead = ""
     rows: list[Row] = []
+    tables: list[Block] = []
     if isinstance(evidence, Mapping):
         lead = str(evidence.get("summary") or "")
+        claims_table = server_claims_table(evidence)
+        if claims_table is not None:
+            tables.append(claims_table)
         for key, value in evidence.items():
-            if key == "summary":
+            if key == "summary" or (claims_table is not None and key in ("claims", "delivered")):
+                continue
+            if key == "explained_by" and isinstance(value, Sequence) and not isinstance(value, str):
+                text = " ".join(f"{c}: {CAUSES.get(str(c), '')}".strip() for c in value) or "no known cause"
+                rows.append(Row("Explained by", text))
                 continue
             rows.append(Row(EVIDENCE_LABELS.get(str(key)) or humanize(str(key)), value_text(str(key), value)))
     elif evidence:
@@ -281,6 +337,7 @@ def build_finding(
         title=str(finding.get("title") or code),
         lead=lead,
         evidence=rows,
+        evidence_tables=tables,
         why=str(finding.get("why") or WHY.get(code) or GENERIC_WHY),
         change=build_change(finding.get("change")),
         impacts=impacts,

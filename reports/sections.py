@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from diagnostic.pipelines.claim import CAUSES
 from reports import figures as fig
 from reports import plots
 from reports.structure import (
@@ -27,27 +28,6 @@ from reports.structure import (
     value_text,
     workloads_in,
 )
-
-RECONCILIATION_CAUSES = {
-    "metrics.server_counts_proposed": (
-        "The server counts every proposed position of a speculative step (k + 1 per step) as a generated "
-        "token, accepted or not, while the client receives only the accepted prefix plus one."
-    ),
-    "metrics.busy_time": (
-        "The server divides tokens by the time it was busy, leaving out the idle gaps between requests."
-    ),
-    "metrics.hidden_tokens": (
-        "The server counts tokens the client never saw as content (reasoning text, or usage above the "
-        "re-tokenized count)."
-    ),
-    "metrics.orphan_requests": (
-        "Requests kept generating after the client had finished with them, and the server counted them."
-    ),
-    "metrics.chunk_counting": (
-        "Counting stream chunks instead of tokens undercounts on the client side: with speculative "
-        "decoding one chunk carries several tokens."
-    ),
-}
 
 STALL_SIGNATURES = {
     "load.weights_io": (
@@ -470,10 +450,12 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
         if series:
             panels[workload] = series
     if panels:
+        compared = any(len(series) > 1 for series in panels.values())
         plot = figures.plot(
             plots.decode_runs,
-            "Decode rate of every measured run, per workload, for your configuration and the recommended "
-            "one. The line is the mean, the band and the bar at the right its 95 % interval.",
+            "Decode rate of every measured run, per workload, for your configuration"
+            + (" and the recommended one" if compared else "")
+            + ". The line is the mean, the band and the bar at the right its 95 % interval.",
             panels=panels,
         )
         if plot:
@@ -517,46 +499,94 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
     return StageSection("throughput", number, title, True, blocks)
 
 
-def _detail_value(key: str, value: Any) -> str:
+CAUSE_EVIDENCE_LABELS = {
+    "accepted": "Draft tokens accepted",
+    "drafted": "Draft tokens proposed",
+    "rejected_drafts": "Draft tokens rejected",
+    "delivered_tokens": "Tokens delivered",
+    "reasoning_tokens": "Reasoning tokens",
+    "usage_above_retokenized": "Usage above re-tokenized count",
+    "content_chunks": "Stream chunks",
+    "chunks_per_token": "Chunks per token",
+}
+
+
+def _cause_records(measurement: Mapping[str, Any], workloads: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`reconciliation_detail` as {workload: {cause code: record}} (the measure stage writes a
+    list of tested causes per workload)."""
+    details = measurement.get("reconciliation_detail") or {}
+    out: dict[str, dict[str, Any]] = {}
+    for w in workloads:
+        records = details.get(w) if isinstance(details, Mapping) else None
+        out[w] = {str(r["code"]): r for r in records or [] if isinstance(r, Mapping) and r.get("code")}
+    return out
+
+
+def _ratio_cell(value: Any) -> str:
     number = as_number(value)
-    if number is not None and any(word in key for word in ("ratio", "_over_")):
-        return fig.ratio(number)
-    return value_text(key, value)
+    return fig.ratio(number) if number is not None else ""
 
 
 def _reconciliation_blocks(measurement: Mapping[str, Any], workloads: Sequence[str]) -> list[Block]:
-    causes = [
-        str(c) if not isinstance(c, Mapping) else str(c.get("cause"))
-        for c in measurement.get("reconciliation") or []
-    ]
-    if not causes:
-        return [Block("paragraph", "No known cause was found to explain the difference.")]
-    details = measurement.get("reconciliation_detail") or {}
+    """Each cause that explains the claim, with the figures that decided it per workload,
+    then the causes that were tested and ruled out."""
+    causes = [str(c) for c in measurement.get("reconciliation") or []]
+    records = _cause_records(measurement, workloads)
     blocks = []
+    if not causes:
+        blocks.append(Block("paragraph", "No known cause was found to explain the difference."))
     for cause in causes:
-        text = RECONCILIATION_CAUSES.get(cause, "A cause this report version has no description for.")
+        text = CAUSES.get(cause, "A cause this report version has no description for.")
         blocks.append(Block("paragraph", f"{cause}: {text}"))
-        detail = details.get(cause)
-        if not isinstance(detail, Mapping) or not detail:
+        shown = [w for w in workloads if cause in records[w]]
+        if not shown:
             continue
-        rows = []
-        for key, value in detail.items():
-            label = humanize(str(key))
-            if isinstance(value, Mapping):
-                rows.append(
-                    [label, *(_detail_value(str(key), value.get(w)) if w in value else "" for w in workloads)]
-                )
-            else:
-                rows.append([label, *(_detail_value(str(key), value) for _ in workloads)])
+        tested = [records[w][cause] for w in shown]
+        rows = [
+            ["Claimed / delivered, observed", *(_ratio_cell(r.get("observed_ratio")) for r in tested)],
+            ["Claimed / delivered, predicted", *(_ratio_cell(r.get("predicted_ratio")) for r in tested)],
+        ]
+        evidence = [r.get("evidence") or {} for r in tested]
+        keys = list(dict.fromkeys(k for e in evidence for k, v in e.items() if as_number(v) is not None))
+        for key in keys:
+            values = [as_number(e.get(key)) for e in evidence]
+            cells = ["" if v is None else fig.number(v) for v in values]
+            rows.append([CAUSE_EVIDENCE_LABELS.get(key) or humanize(key), *cells])
+        sources = {str(e["source"]) for e in evidence if e.get("source")}
+        named = {"metrics": "the server's /metrics counters", "log": "the engine's log lines"}
+        counted = f", counted from {named.get(sources.pop(), 'the server')}" if len(sources) == 1 else ""
         blocks.append(
             Block(
                 "table",
-                caption=f"How {cause} accounts for the difference, per workload.",
-                columns=["", *workloads],
-                numeric=[False, *(True for _ in workloads)],
+                caption=f"How {cause} accounts for the difference, per workload{counted}.",
+                columns=["", *shown],
+                numeric=[False, *(True for _ in shown)],
                 rows=rows,
             )
         )
+    ruled_out = []
+    for code in dict.fromkeys(c for w in workloads for c in records[w]):
+        if code in causes:
+            continue
+        verdicts = []
+        for w in workloads:
+            record = records[w].get(code)
+            if record is None:
+                continue
+            note = (record.get("evidence") or {}).get("note")
+            if record.get("present"):
+                verdict = "present, but does not explain the ratio"
+            elif note and "not testable" in str(note):
+                verdict = "not testable here"
+            else:
+                verdict = "not present"
+            verdicts.append((w, verdict))
+        if len({v for _, v in verdicts}) == 1:
+            ruled_out.append(f"{code} ({verdicts[0][1]})")
+        elif verdicts:
+            ruled_out.append(f"{code} (" + "; ".join(f"{w}: {v}" for w, v in verdicts) + ")")
+    if ruled_out:
+        blocks.append(Block("paragraph", "Also tested: " + ", ".join(ruled_out) + "."))
     return blocks
 
 
@@ -616,13 +646,16 @@ def methodology_appendix(findings: Mapping[str, Any], number: str) -> StageSecti
     blocks.append(Block("heading", "The server's claim and its reconciliation"))
     claimed = measurement.get("server_claimed_tps") or {}
     if claimed:
-        sources = measurement.get("server_claim_sources") or {}
         text = (
             "The server's figure is read from engine log lines whose windows fall wholly inside a request, "
             "and from /metrics counter deltas over the exact request interval."
         )
-        if as_number(sources.get("log_windows")) is not None:
-            text += f" {fig.number(sources['log_windows'])} log windows qualified."
+        windows = [
+            as_number(((measurement.get(w) or {}).get("server_claim") or {}).get("log", {}).get("windows"))
+            for w in workloads_in(measurement)
+        ]
+        if any(v is not None for v in windows):
+            text += f" {fig.number(sum(v for v in windows if v is not None))} log windows qualified."
         text += (
             " When the server claims more than the client received, each known cause is tested and the ones "
             "that explain the ratio are named: "
@@ -647,20 +680,31 @@ def methodology_appendix(findings: Mapping[str, Any], number: str) -> StageSecti
     return StageSection("methodology", number, "Methodology", True, blocks)
 
 
-def _run_cells(run: Mapping[str, Any] | None) -> list[str]:
+def _run_cells(run: Mapping[str, Any] | None, outlier: bool) -> list[str]:
+    """Delivered and usage tokens, TTFT, decode and end-to-end rates of one run (schema `run`)."""
     if run is None:
         return ["", "", "", "", ""]
     decode = as_number(run.get("decode_tps"))
-    flagged = " *" if run.get("outlier") else ""
     return [
-        fig.number(run["delivered_tokens"]) if as_number(run.get("delivered_tokens")) is not None else "",
+        fig.number(run["tokens"]) if as_number(run.get("tokens")) is not None else "",
         fig.number(run["usage_completion_tokens"])
         if as_number(run.get("usage_completion_tokens")) is not None
         else "",
         fig.milliseconds(float(run["ttft_s"])) if as_number(run.get("ttft_s")) is not None else "",
-        (fig.tps(decode) + flagged) if decode is not None else "",
+        (fig.tps(decode) + (" *" if outlier else "")) if decode is not None else "",
         fig.tps(float(run["e2e_tps"])) if as_number(run.get("e2e_tps")) is not None else "",
     ]
+
+
+def _flagged_runs(block: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Positions in `runs` of the runs flagged as outliers. The measure stage lists them as
+    positions among the runs that have a decode rate (`outliers`), so map them back."""
+    rated = [i for i, r in enumerate(runs) if as_number(r.get("decode_tps")) is not None]
+    return {rated[k] for k in block.get("outliers") or [] if isinstance(k, int) and 0 <= k < len(rated)}
+
+
+def _one_based(value: Any) -> str:
+    return str(value + 1) if isinstance(value, int) and not isinstance(value, bool) else ""
 
 
 def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
@@ -670,22 +714,22 @@ def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
     blocks: list[Block] = []
     any_outlier = False
     for workload in workloads_in(measurement, after):
-        columns: list[tuple[str, Mapping[str, Any], list[Mapping[str, Any]]]] = []
+        columns: list[tuple[str, list[Mapping[str, Any]], set[int]]] = []
         for before, section in ((True, measurement), (False, after)):
             block = section.get(workload) if isinstance(section, Mapping) else None
             runs = [r for r in (block or {}).get("runs") or [] if isinstance(r, Mapping)]
             if isinstance(block, Mapping) and runs:
                 label = _config_label(findings, before, section, block)
-                columns.append((label[0].upper() + label[1:], block, runs))
+                columns.append((label[0].upper() + label[1:], runs, _flagged_runs(block, runs)))
         if not columns:
             continue
-        any_outlier = any_outlier or any(r.get("outlier") for _, _, runs in columns for r in runs)
+        any_outlier = any_outlier or any(flagged for _, _, flagged in columns)
         rows = []
-        for idx in range(max(len(runs) for _, _, runs in columns)):
-            first = columns[0][2][idx] if idx < len(columns[0][2]) else {}
-            row = [str(first.get("i", idx + 1)), str(first.get("prompt", ""))]
-            for _, _, runs in columns:
-                row += _run_cells(runs[idx] if idx < len(runs) else None)
+        for idx in range(max(len(runs) for _, runs, _ in columns)):
+            first = columns[0][1][idx] if idx < len(columns[0][1]) else {}
+            row = [_one_based(first.get("index", idx)), _one_based(first.get("prompt_index"))]
+            for _, runs, flagged in columns:
+                row += _run_cells(runs[idx] if idx < len(runs) else None, idx in flagged)
             rows.append(row)
         heads = ["Delivered", "Usage", "TTFT", "Decode", "E2E"]
         blocks.append(
@@ -703,11 +747,14 @@ def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
         blocks.append(Block("paragraph", "No per-run samples were recorded in this engagement."))
     else:
         note = (
-            "Delivered: tokens the client received, re-tokenized; Usage: the server's completion_tokens; "
-            "TTFT: time to first token; Decode and E2E (end-to-end): tok/s."
+            "Prompt: its number in the workload's versioned prompt set; Delivered: tokens the client "
+            "received, re-tokenized; Usage: the server's completion_tokens; TTFT: time to first token; "
+            "Decode and E2E (end-to-end): tok/s."
         )
         if any_outlier:
-            note += "* marks a run flagged as an outlier by median absolute deviation; it is kept in every "
-            "summary."
+            note += (
+                " * marks a run flagged as an outlier by median absolute deviation; it is kept in every "
+                "summary."
+            )
         blocks.insert(0, Block("paragraph", note))
     return StageSection("raw-runs", number, "Raw per-run samples", True, blocks)

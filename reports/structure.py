@@ -115,6 +115,7 @@ class FindingSection:
     title: str
     lead: str
     evidence: list[Row]
+    evidence_tables: list[Block]
     why: str
     change: Change
     impacts: list[Impact]

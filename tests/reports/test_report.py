@@ -8,6 +8,7 @@ import datetime as dt
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pypdf import PdfReader
@@ -90,6 +91,40 @@ def test_the_server_claim_and_its_reconciliation_are_shown(reference_report: Ref
     assert _has(flat, fig.tps(claimed))
     assert _has(flat, fig.ratio(claimed / f["measurement"]["code"]["mean_tps"]))
     assert _has(flat, "metrics.server_counts_proposed: The server counts every proposed position")
+    text = reference_report.text
+    detail = {w: f["measurement"]["reconciliation_detail"][w][0] for w in ("code", "prose")}
+    for label, key in (("observed", "observed_ratio"), ("predicted", "predicted_ratio")):
+        cells = [fig.ratio(detail[w][key]) for w in ("code", "prose")]
+        assert re.search(rf"Claimed / delivered, {label}\s+" + r"\s+".join(map(re.escape, cells)), text)
+    rejected = [fig.number(detail[w]["evidence"]["rejected_drafts"]) for w in ("code", "prose")]
+    assert re.search(r"Draft tokens rejected\s+" + r"\s+".join(map(re.escape, rejected)), text)
+    assert _has(
+        flat,
+        "Also tested: metrics.server_busy_time (not testable here), metrics.client_counts_chunks "
+        "(present, but does not explain the ratio).",
+    )
+    assert _has(flat, "38 log windows qualified.")
+
+
+def test_the_overclaim_finding_sets_each_claim_beside_what_was_delivered(
+    reference_report: ReferenceReport,
+) -> None:
+    f, text, flat = reference_report.findings, reference_report.text, reference_report.flat
+    finding = next(x for x in f["findings"] if x["code"] == "metrics.server_overclaim")
+    evidence = finding["evidence"]
+    for w in ("code", "prose"):
+        got, log = evidence["delivered"][w], evidence["claims"][w]["log"]
+        cells = [
+            w,
+            fig.tps(got["mean_tps"]),
+            fig.interval(got["ci95"], fig.tps),
+            fig.tps(log["claimed_tps"]),
+            "not measured",
+            fig.ratio(log["ratio"]),
+        ]
+        assert re.search(r"^\s*" + r"\s+".join(map(re.escape, cells)), text, flags=re.MULTILINE), cells
+    assert _has(flat, "Explained by metrics.server_counts_proposed: The server counts every proposed")
+    assert _has(flat, "No performance change: this finding corrects how throughput is counted")
 
 
 def test_every_raw_run_is_printed_on_its_own_row(reference_report: ReferenceReport) -> None:
@@ -98,18 +133,40 @@ def test_every_raw_run_is_printed_on_its_own_row(reference_report: ReferenceRepo
         before = f["measurement"][workload]["runs"]
         after = f["speculative"]["best"][workload]["runs"]
         for run_before, run_after in zip(before, after, strict=True):
-            cells = [
-                str(run_before["i"]),
-                str(run_before["prompt"]),
-                fig.milliseconds(run_before["ttft_s"]),
-                fig.tps(run_before["decode_tps"]),
-                fig.tps(run_before["e2e_tps"]),
-                fig.milliseconds(run_after["ttft_s"]),
-                fig.tps(run_after["decode_tps"]),
-                fig.tps(run_after["e2e_tps"]),
-            ]
-            pattern = r"\s+".join(re.escape(c) + r"(?:\s+512)*" for c in cells)
-            assert re.search(r"^\s*" + pattern, text, flags=re.MULTILINE), (workload, run_before["i"])
+            cells = [str(run_before["index"] + 1), str(run_before["prompt_index"] + 1)]
+            for run in (run_before, run_after):
+                cells += [
+                    fig.number(run["tokens"]),
+                    fig.number(run["usage_completion_tokens"]),
+                    fig.milliseconds(run["ttft_s"]),
+                    fig.tps(run["decode_tps"]),
+                    fig.tps(run["e2e_tps"]),
+                ]
+            pattern = r"\s+".join(re.escape(c) for c in cells)
+            assert re.search(r"^\s*" + pattern + r"\s*$", text, flags=re.MULTILINE), (workload, cells)
+
+
+def test_a_flagged_outlier_is_marked_on_its_run_and_explained(
+    tmp_path: Path, findings: dict[str, Any]
+) -> None:
+    code = findings["measurement"]["code"]
+    # The measure stage counts outlier positions among the runs that have a rate: with the
+    # first run rateless, position 2 is the fourth run.
+    code["runs"][0]["decode_tps"] = None
+    code["outliers"] = [2]
+    pdf = render(findings, tmp_path, customer=CUSTOMER, as_of=ISSUED).pdf_path
+    text = pdf_text(pdf)
+    fourth = code["runs"][3]
+    assert re.search(
+        r"^\s*4\s+4\s+512\s+512\s+" + re.escape(fig.milliseconds(fourth["ttft_s"])) + r"\s+"
+        + re.escape(fig.tps(fourth["decode_tps"])) + r" \*",
+        text,
+        flags=re.MULTILINE,
+    )
+    assert _has(
+        squash(pdf_text(pdf, layout=False)),
+        "* marks a run flagged as an outlier by median absolute deviation; it is kept in every summary.",
+    )
 
 
 def test_pages_carry_numbers_and_a_running_header(reference_report: ReferenceReport) -> None:

@@ -55,8 +55,12 @@ def outlier_flags(samples: Sequence[float]) -> list[dict[str, Any]]:
     return flags
 
 
-def summarize(samples: Sequence[float], *, digits: int = 3) -> dict[str, Any]:
-    """Mean, 95 % t-interval, sd, median, min, max, flagged outliers and the raw samples."""
+def summarize(samples: Sequence[float], *, digits: int = 6) -> dict[str, Any]:
+    """Mean, 95 % t-interval, sd, median, min, max, flagged outliers and the raw samples.
+
+    Figures keep `digits` decimals (the samples' own precision by default): whoever prints
+    them rounds once; a stored 19.65 for a mean of 19.6505 would print as 19.6.
+    """
     values = [float(x) for x in samples]
     if not values:
         return {

@@ -265,13 +265,13 @@ def server_claims_table(evidence: Mapping[str, Any]) -> Block | None:
         by_source = claims.get(workload) or {}
         mean, ci = as_number(got.get("mean_tps")), as_interval(got.get("ci95"))
 
-        def claim(source: str, by_source: Mapping[str, Any] = by_source) -> str:
+        def claim(source: str, by_source: Mapping[str, Any] = by_source, mean: float | None = mean) -> str:
             c = by_source.get(source)
             value = as_number(c.get("claimed_tps")) if isinstance(c, Mapping) else None
-            return fig.tps(value) if value is not None else "not measured"
+            if value is None:
+                return "not measured"
+            return fig.tps(value) + (f" ({fig.ratio(value / mean)})" if mean else "")
 
-        ratios = [as_number(c.get("ratio")) for c in by_source.values() if isinstance(c, Mapping)]
-        worst = max((r for r in ratios if r is not None), default=None)
         rows.append(
             [
                 workload,
@@ -279,16 +279,16 @@ def server_claims_table(evidence: Mapping[str, Any]) -> Block | None:
                 fig.interval(ci, fig.tps) if ci else "",
                 claim("log"),
                 claim("metrics"),
-                fig.ratio(worst) if worst is not None else "",
             ]
         )
     if not rows:
         return None
     return Block(
         "table",
-        caption="Delivered at the client against what the server claims over the same requests (tok/s).",
-        columns=["Workload", "Delivered", "95 % interval", "Server log", "/metrics", "Claimed / delivered"],
-        numeric=[False, True, True, True, True, True],
+        caption="Delivered at the client against what the server claims over the same requests (tok/s; "
+        "in brackets, the claim over the delivered mean).",
+        columns=["Workload", "Delivered", "95 % interval", "Server log", "/metrics"],
+        numeric=[False, True, True, True, True],
         rows=rows,
     )
 
@@ -525,7 +525,7 @@ def summary_rows(findings: Mapping[str, Any]) -> list[SummaryRow]:
                 fig.minutes(b) if b is not None else "not measured",
                 fig.minutes(a) if a is not None else "not measured",
                 fig.signed(a - b, fig.seconds) if a is not None and b is not None else "",
-                "true cold starts, page cache dropped",
+                "true cold start" + ("s" if a is not None else "") + ", page cache dropped",
                 f"({fig.seconds(b)})" if b is not None else "",
                 f"({fig.seconds(a)})" if a is not None else "",
             )
@@ -560,16 +560,36 @@ def summary_rows(findings: Mapping[str, Any]) -> list[SummaryRow]:
 def headline(findings: Mapping[str, Any], lab: str, money: MoneyBackDecision) -> list[str]:
     """The opening paragraphs of the summary, built only from what was measured."""
     found = [f for f in findings.get("findings") or [] if isinstance(f, Mapping)]
+    # A metrics finding without an impact corrects how throughput is counted; it changes
+    # nothing about the serving, so it is not "standing between" the customer and anything.
+    corrections = [
+        f for f in found if str(f.get("code") or "").startswith("metrics.") and not impacts_of(f)
+    ]
+    serving = [f for f in found if f not in corrections]
+    on_lab = lab[0].lower() + lab[1:]
     paras = []
-    if found:
+    if serving:
+        text = (
+            f"We reproduced your configuration on our {on_lab} and found {len(serving)} "
+            f"thing{'s' if len(serving) != 1 else ''} standing between it and the numbers this hardware "
+            "delivers. Each is described in section 2 with the evidence that decided it, the exact change, "
+            "and the change's measured effect."
+        )
+        if corrections:
+            text += (
+                f" Section 2 also has {len(corrections)} finding{'s' if len(corrections) != 1 else ''} on "
+                "how throughput is counted."
+            )
+        paras.append(text)
+    elif corrections:
         paras.append(
-            f"We reproduced your configuration on our {lab[0].lower() + lab[1:]} and found "
-            f"{len(found)} thing{'s' if len(found) != 1 else ''} standing between it and the numbers this "
-            "hardware delivers. Each is described in section 2 with the evidence that decided it, the exact "
-            "change, and the change's measured effect."
+            f"We reproduced your configuration on our {on_lab} and measured it as it stands; this "
+            "engagement measured no change to the serving. Section 2 has "
+            f"{len(corrections)} finding{'s' if len(corrections) != 1 else ''} on how its throughput is "
+            "counted."
         )
     else:
-        paras.append(f"We ran the diagnostic on our {lab[0].lower() + lab[1:]}; it recorded no findings.")
+        paras.append(f"We ran the diagnostic on our {on_lab}; it recorded no findings.")
     gains = []
     for workload in workloads_in(
         findings.get("measurement"), (findings.get("speculative") or {}).get("best")

@@ -70,12 +70,14 @@ def build_report_email(
     customer: str,
     to: Sequence[str],
     from_email: str | None = None,
+    greeting: str | None = None,
 ) -> EmailMultiAlternatives:
-    """The report-ready message: summary figures in the body, the PDF attached."""
+    """The report-ready message: summary figures in the body, the PDF attached. `greeting`
+    opens it (default "Dear <customer>"), for a draft addressed to the firm itself."""
     if not to:
         raise ValueError("to: at least one recipient address is required for the report email")
     engine = template_engine()
-    ctx = _context(findings, report, customer)
+    ctx = {**_context(findings, report, customer), "greeting": greeting or f"Dear {customer}"}
     text = engine.get_template(TEXT_TEMPLATE).render(Context(ctx, autoescape=False, use_l10n=False))
     html = engine.get_template(HTML_TEMPLATE).render(Context(ctx, use_l10n=False))
     sender = from_email or str(getattr(settings, "DEFAULT_FROM_EMAIL", "diagnostic@localhost"))

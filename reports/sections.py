@@ -463,16 +463,20 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
     claimed = measurement.get("server_claimed_tps") or {}
     if isinstance(claimed, Mapping) and claimed:
         claim_rows = []
+        source_names = {"log": "engine log", "metrics": "/metrics"}
+        sources = measurement.get("server_claim_source") or {}
         for workload in workloads:
             delivered = as_number((measurement.get(workload) or {}).get("mean_tps"))
             server = as_number(claimed.get(workload))
             if server is None:
                 continue
+            source = sources.get(workload) if isinstance(sources, Mapping) else None
             claim_rows.append(
                 [
                     workload,
                     fig.tps(delivered) if delivered is not None else "",
                     fig.tps(server),
+                    source_names.get(str(source), str(source or "")),
                     fig.ratio(server / delivered) if delivered else "",
                 ]
             )
@@ -490,8 +494,8 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
                 Block(
                     "table",
                     caption="Your configuration: delivered at the client against the server's own figure.",
-                    columns=["Workload", "Delivered tok/s", "Server claims tok/s", "Claimed / delivered"],
-                    numeric=[False, True, True, True],
+                    columns=CLAIM_COLUMNS,
+                    numeric=[False, True, True, False, True],
                     rows=claim_rows,
                 )
             )
@@ -499,6 +503,7 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
     return StageSection("throughput", number, title, True, blocks)
 
 
+CLAIM_COLUMNS = ["Workload", "Delivered tok/s", "Server claims tok/s", "Read from", "Claimed / delivered"]
 CAUSE_EVIDENCE_LABELS = {
     "accepted": "Draft tokens accepted",
     "drafted": "Draft tokens proposed",
@@ -538,13 +543,13 @@ def _reconciliation_blocks(measurement: Mapping[str, Any], workloads: Sequence[s
     for cause in causes:
         text = CAUSES.get(cause, "A cause this report version has no description for.")
         blocks.append(Block("paragraph", f"{cause}: {text}"))
-        shown = [w for w in workloads if cause in records[w]]
+        shown = [w for w in workloads if (records[w].get(cause) or {}).get("explains_ratio")]
         if not shown:
             continue
         tested = [records[w][cause] for w in shown]
         rows = [
-            ["Claimed / delivered, observed", *(_ratio_cell(r.get("observed_ratio")) for r in tested)],
-            ["Claimed / delivered, predicted", *(_ratio_cell(r.get("predicted_ratio")) for r in tested)],
+            ["Server count / delivered, observed", *(_ratio_cell(r.get("observed_ratio")) for r in tested)],
+            ["Server count / delivered, predicted", *(_ratio_cell(r.get("predicted_ratio")) for r in tested)],
         ]
         evidence = [r.get("evidence") or {} for r in tested]
         keys = list(dict.fromkeys(k for e in evidence for k, v in e.items() if as_number(v) is not None))
@@ -608,15 +613,25 @@ def methodology_appendix(findings: Mapping[str, Any], number: str) -> StageSecti
     pairs = []
     if protocol:
         for key, label in (
-            ("warmup", "Warm-up runs, discarded"),
+            ("warmup_discarded", "Warm-up runs, discarded"),
             ("n", "Measured runs per workload"),
             ("max_tokens", "Output tokens per run"),
-            ("temperature", "Temperature"),
-            ("ignore_eos", "End of sequence ignored"),
-            ("workload_version", "Prompt-set version"),
         ):
             if key in protocol:
                 pairs.append(Row(label, value_text(key, protocol[key])))
+        requests = protocol.get("request") or {}
+        sets = protocol.get("workloads") or {}
+        for key, label in (("temperature", "Temperature"), ("ignore_eos", "End of sequence ignored")):
+            values = {value_text(key, r[key]) for r in requests.values() if key in (r or {})}
+            if len(values) == 1:
+                pairs.append(Row(label, values.pop()))
+        versions = [
+            f"{name} v{w['version']} (sha256 {str(w.get('sha256', ''))[:12]})"
+            for name, w in sets.items()
+            if isinstance(w, Mapping) and "version" in w
+        ]
+        if versions:
+            pairs.append(Row("Prompt sets", ", ".join(versions)))
     elif ns:
         pairs.append(Row("Measured runs per workload", ", ".join(ns)))
     if pairs:
@@ -650,10 +665,9 @@ def methodology_appendix(findings: Mapping[str, Any], number: str) -> StageSecti
             "The server's figure is read from engine log lines whose windows fall wholly inside a request, "
             "and from /metrics counter deltas over the exact request interval."
         )
-        windows = [
-            as_number(((measurement.get(w) or {}).get("server_claim") or {}).get("log", {}).get("windows"))
-            for w in workloads_in(measurement)
-        ]
+        claims = [(measurement.get(w) or {}).get("server_claim") or {} for w in workloads_in(measurement)]
+        log_claims = [c.get("log") for c in claims]
+        windows = [as_number(c.get("windows")) if isinstance(c, Mapping) else None for c in log_claims]
         if any(v is not None for v in windows):
             text += f" {fig.number(sum(v for v in windows if v is not None))} log windows qualified."
         text += (
@@ -680,27 +694,40 @@ def methodology_appendix(findings: Mapping[str, Any], number: str) -> StageSecti
     return StageSection("methodology", number, "Methodology", True, blocks)
 
 
-def _run_cells(run: Mapping[str, Any] | None, outlier: bool) -> list[str]:
-    """Delivered and usage tokens, TTFT, decode and end-to-end rates of one run (schema `run`)."""
+def _run_cells(run: Mapping[str, Any] | None, flags: tuple[bool, bool]) -> list[str]:
+    """Delivered and usage tokens, TTFT, decode and end-to-end rates of one run (schema `run`);
+    `flags`: whether its TTFT and its decode rate are flagged as outliers."""
     if run is None:
         return ["", "", "", "", ""]
-    decode = as_number(run.get("decode_tps"))
+    delivered = fig.number(run["tokens"]) if as_number(run.get("tokens")) is not None else ""
+    ttft, decode = as_number(run.get("ttft_s")), as_number(run.get("decode_tps"))
+    if decode is None and _unrated(run):
+        return [delivered, "", "abandoned" if run.get("abandoned") else "failed", "", ""]
+    mark = [" *" if flagged else "" for flagged in flags]
     return [
-        fig.number(run["tokens"]) if as_number(run.get("tokens")) is not None else "",
+        delivered,
         fig.number(run["usage_completion_tokens"])
         if as_number(run.get("usage_completion_tokens")) is not None
         else "",
-        fig.milliseconds(float(run["ttft_s"])) if as_number(run.get("ttft_s")) is not None else "",
-        (fig.tps(decode) + (" *" if outlier else "")) if decode is not None else "",
+        (fig.milliseconds(ttft) + mark[0]) if ttft is not None else "",
+        (fig.tps(decode) + mark[1]) if decode is not None else "",
         fig.tps(float(run["e2e_tps"])) if as_number(run.get("e2e_tps")) is not None else "",
     ]
 
 
-def _flagged_runs(block: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> set[int]:
+def _unrated(run: Mapping[str, Any]) -> bool:
+    """An abandoned or failed run without a decode rate: left out of every summary."""
+    return as_number(run.get("decode_tps")) is None and bool(run.get("abandoned") or run.get("error"))
+
+
+def _flagged_runs(outliers: Any, runs: Sequence[Mapping[str, Any]]) -> set[int]:
     """Positions in `runs` of the runs flagged as outliers. The measure stage lists them as
-    positions among the runs that have a decode rate (`outliers`), so map them back."""
+    positions among the runs that have a decode rate (every summary is over those), so map
+    them back."""
     rated = [i for i, r in enumerate(runs) if as_number(r.get("decode_tps")) is not None]
-    return {rated[k] for k in block.get("outliers") or [] if isinstance(k, int) and 0 <= k < len(rated)}
+    if not isinstance(outliers, Sequence):
+        return set()
+    return {rated[k] for k in outliers if isinstance(k, int) and 0 <= k < len(rated)}
 
 
 def _one_based(value: Any) -> str:
@@ -713,23 +740,28 @@ def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
     after = _measurement_after(findings)
     blocks: list[Block] = []
     any_outlier = False
+    failures: list[tuple[str, Mapping[str, Any]]] = []
     for workload in workloads_in(measurement, after):
-        columns: list[tuple[str, list[Mapping[str, Any]], set[int]]] = []
+        columns: list[tuple[str, list[Mapping[str, Any]], set[int], set[int]]] = []
         for before, section in ((True, measurement), (False, after)):
             block = section.get(workload) if isinstance(section, Mapping) else None
             runs = [r for r in (block or {}).get("runs") or [] if isinstance(r, Mapping)]
             if isinstance(block, Mapping) and runs:
                 label = _config_label(findings, before, section, block)
-                columns.append((label[0].upper() + label[1:], runs, _flagged_runs(block, runs)))
+                slow = _flagged_runs((block.get("ttft") or {}).get("outliers"), runs)
+                label = label[0].upper() + label[1:]
+                columns.append((label, runs, slow, _flagged_runs(block.get("outliers"), runs)))
         if not columns:
             continue
-        any_outlier = any_outlier or any(flagged for _, _, flagged in columns)
+        any_outlier = any_outlier or any(ttft or decode for _, _, ttft, decode in columns)
+        unrated = [(workload, r) for c in columns for r in c[1] if _unrated(r)]
+        failures += unrated
         rows = []
-        for idx in range(max(len(runs) for _, runs, _ in columns)):
+        for idx in range(max(len(c[1]) for c in columns)):
             first = columns[0][1][idx] if idx < len(columns[0][1]) else {}
             row = [_one_based(first.get("index", idx)), _one_based(first.get("prompt_index"))]
-            for _, runs, flagged in columns:
-                row += _run_cells(runs[idx] if idx < len(runs) else None, idx in flagged)
+            for _, runs, ttft, decode in columns:
+                row += _run_cells(runs[idx] if idx < len(runs) else None, (idx in ttft, idx in decode))
             rows.append(row)
         heads = ["Delivered", "Usage", "TTFT", "Decode", "E2E"]
         blocks.append(
@@ -740,7 +772,7 @@ def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
                 numeric=[True] * (2 + 5 * len(columns)),
                 rows=rows,
                 compact=True,
-                groups=[("", 2), *((label, 5) for label, _, _ in columns)],
+                groups=[("", 2), *((c[0], 5) for c in columns)],
             )
         )
     if not blocks:
@@ -753,8 +785,19 @@ def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
         )
         if any_outlier:
             note += (
-                " * marks a run flagged as an outlier by median absolute deviation; it is kept in every "
+                " * marks a figure flagged as an outlier by median absolute deviation; it is kept in every "
                 "summary."
             )
+        if failures:
+            note += " An abandoned or failed run has no rates and is left out of every summary."
         blocks.insert(0, Block("paragraph", note))
+    notes = [
+        f"{workload} run {_one_based(run.get('index'))}: "
+        + (str(run["error"]) if run.get("error") else "abandoned: no complete answer within the time limit")
+        for workload, run in failures
+    ]
+    notes += [str(w) for w in measurement.get("warnings") or []]
+    if notes:
+        blocks.append(Block("heading", "Notes from the measurement"))
+        blocks.extend(Block("paragraph", note[0].upper() + note[1:]) for note in notes)
     return StageSection("raw-runs", number, "Raw per-run samples", True, blocks)

@@ -168,6 +168,11 @@ class ReportContent:
     notices: list[str] = field(default_factory=list)
 
     @property
+    def any_change(self) -> bool:
+        """Whether any summary row has a measured change (the table note explains those)."""
+        return any(row.change for row in self.summary)
+
+    @property
     def audit_number(self) -> str:
         """The money-back appendix comes after the others."""
         return chr(ord("A") + len(self.appendices))

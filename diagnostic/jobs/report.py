@@ -56,7 +56,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     # a booking it is addressed to the firm itself, as a draft.
     recipient = booking.customer.email if booking is not None and booking.customer.email else None
     message = build_report_email(document, rendered, customer=customer_name(job),
-                                 to=[recipient or settings.DEFAULT_FROM_EMAIL])
+                                 to=[recipient or settings.DEFAULT_FROM_EMAIL],
+                                 greeting=None if booking is not None else "Draft for review (no booking)")
     eml = write_eml(message, report_dir(job) / "email.eml")
     present = [name for name in SECTIONS if document[name] is not None]
     ctx.progress(100, f"report: {rendered.pages} pages, {len(document['findings'])} findings")

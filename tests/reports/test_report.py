@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pypdf import PdfReader
 
+from diagnostic.jobs.findings import validate_findings
 from reports import figures as fig
 from reports.content import impact_formatters
 from reports.moneyback import OverrideEntry, assess
@@ -95,7 +96,7 @@ def test_the_server_claim_and_its_reconciliation_are_shown(reference_report: Ref
     detail = {w: f["measurement"]["reconciliation_detail"][w][0] for w in ("code", "prose")}
     for label, key in (("observed", "observed_ratio"), ("predicted", "predicted_ratio")):
         cells = [fig.ratio(detail[w][key]) for w in ("code", "prose")]
-        assert re.search(rf"Claimed / delivered, {label}\s+" + r"\s+".join(map(re.escape, cells)), text)
+        assert re.search(rf"Server count / delivered, {label}\s+" + r"\s+".join(map(re.escape, cells)), text)
     rejected = [fig.number(detail[w]["evidence"]["rejected_drafts"]) for w in ("code", "prose")]
     assert re.search(r"Draft tokens rejected\s+" + r"\s+".join(map(re.escape, rejected)), text)
     assert _has(
@@ -119,8 +120,8 @@ def test_the_overclaim_finding_sets_each_claim_beside_what_was_delivered(
             fig.tps(got["mean_tps"]),
             fig.interval(got["ci95"], fig.tps),
             fig.tps(log["claimed_tps"]),
+            f"({fig.ratio(log['claimed_tps'] / got['mean_tps'])})",
             "not measured",
-            fig.ratio(log["ratio"]),
         ]
         assert re.search(r"^\s*" + r"\s+".join(map(re.escape, cells)), text, flags=re.MULTILINE), cells
     assert _has(flat, "Explained by metrics.server_counts_proposed: The server counts every proposed")
@@ -146,27 +147,75 @@ def test_every_raw_run_is_printed_on_its_own_row(reference_report: ReferenceRepo
             assert re.search(r"^\s*" + pattern + r"\s*$", text, flags=re.MULTILINE), (workload, cells)
 
 
-def test_a_flagged_outlier_is_marked_on_its_run_and_explained(
+def test_flagged_outliers_and_runs_without_a_rate_are_marked_and_explained(
     tmp_path: Path, findings: dict[str, Any]
 ) -> None:
     code = findings["measurement"]["code"]
     # The measure stage counts outlier positions among the runs that have a rate: with the
-    # first run rateless, position 2 is the fourth run.
-    code["runs"][0]["decode_tps"] = None
+    # first run abandoned, position 2 is the fourth run and position 0 the second.
+    code["runs"][0].update(abandoned=True, ttft_s=None, decode_tps=None, e2e_tps=None, tokens=37)
     code["outliers"] = [2]
+    code["ttft"] = {"outliers": [0]}
+    findings["measurement"]["warnings"] = ["the engine log had no stats lines over the measurement"]
     pdf = render(findings, tmp_path, customer=CUSTOMER, as_of=ISSUED).pdf_path
-    text = pdf_text(pdf)
-    fourth = code["runs"][3]
+    text, flat = pdf_text(pdf), squash(pdf_text(pdf, layout=False))
+    second, fourth = code["runs"][1], code["runs"][3]
+    assert re.search(r"^\s*1\s+1\s+37\s+abandoned\s", text, flags=re.MULTILINE)
+    assert re.search(
+        r"^\s*2\s+2\s+512\s+512\s+" + re.escape(fig.milliseconds(second["ttft_s"])) + r" \*\s+"
+        + re.escape(fig.tps(second["decode_tps"])) + r"\s",
+        text,
+        flags=re.MULTILINE,
+    )
     assert re.search(
         r"^\s*4\s+4\s+512\s+512\s+" + re.escape(fig.milliseconds(fourth["ttft_s"])) + r"\s+"
         + re.escape(fig.tps(fourth["decode_tps"])) + r" \*",
         text,
         flags=re.MULTILINE,
     )
-    assert _has(
-        squash(pdf_text(pdf, layout=False)),
-        "* marks a run flagged as an outlier by median absolute deviation; it is kept in every summary.",
+    for phrase in (
+        "* marks a figure flagged as an outlier by median absolute deviation; it is kept in every summary.",
+        "An abandoned or failed run has no rates and is left out of every summary.",
+        "Code run 1: abandoned: no complete answer within the time limit",
+        "The engine log had no stats lines over the measurement",
+    ):
+        assert _has(flat, phrase), phrase
+
+
+def test_a_counting_correction_alone_is_not_called_something_standing_in_the_way(
+    tmp_path: Path, findings: dict[str, Any]
+) -> None:
+    overclaim = [f for f in findings["findings"] if f["code"] == "metrics.server_overclaim"]
+    document = minimal_findings(findings=overclaim)
+    pdf = render(document, tmp_path, customer=CUSTOMER, as_of=ISSUED).pdf_path
+    flat = squash(pdf_text(pdf, layout=False))
+    assert "standing between" not in flat
+    assert _has(flat, "this engagement measured no change to the serving. Section 2 has 1 finding on how")
+    assert "under each change the 95 % interval of the change" not in flat
+
+
+@pytest.mark.parametrize("rated", [0, 1])
+def test_a_workload_with_fewer_than_two_rated_runs_is_valid_and_reported(
+    tmp_path: Path, findings: dict[str, Any], rated: int
+) -> None:
+    prose = findings["measurement"]["prose"]
+    for run in prose["runs"][rated:]:
+        run.update(abandoned=True, ttft_s=None, decode_tps=None, e2e_tps=None)
+    rates = [r["decode_tps"] for r in prose["runs"][:rated]]
+    prose.update(n=rated, mean_tps=rates[0] if rates else None, ci95=None, outliers=[])
+    findings["findings"].append(
+        {
+            "code": "measure.too_few_runs",
+            "title": f"Only {rated} prose run(s) gave a decode rate; no interval",
+            "evidence": {"workload": "prose", "n": rated, "warnings": []},
+            "change": {},
+            "impact": None,
+        }
     )
+    validate_findings(findings)
+    pdf = render(findings, tmp_path, customer=CUSTOMER, as_of=ISSUED).pdf_path
+    flat = squash(pdf_text(pdf, layout=False))
+    assert _has(flat, f"Only {rated} prose run(s) gave a decode rate; no interval")
 
 
 def test_pages_carry_numbers_and_a_running_header(reference_report: ReferenceReport) -> None:

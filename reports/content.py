@@ -349,6 +349,9 @@ def build_finding(
 # --------------------------------------------------------------------------- cover and summary
 
 
+DILATION_KEYS = ("lab_dilation", "time_dilation", "dilation")
+
+
 def lab_description(job: Mapping[str, Any]) -> tuple[str, str]:
     """The lab's name and, for a simulated lab, how much faster than real time it ran.
 
@@ -361,14 +364,7 @@ def lab_description(job: Mapping[str, Any]) -> tuple[str, str]:
     name = rest if sep and kind in ("sim", "inventory", "lab") and rest else lab
     if not (job.get("simulated") is True or kind == "sim"):
         return name, "Durations are wall-clock time on our lab."
-    dilation = next(
-        (
-            as_number(job.get(k))
-            for k in ("lab_dilation", "time_dilation", "dilation")
-            if as_number(job.get(k))
-        ),
-        None,
-    )
+    dilation = next((as_number(job.get(k)) for k in DILATION_KEYS if as_number(job.get(k))), None)
     if dilation is None:
         lab_s, wall_s = as_number(job.get("lab_time_s")), as_number(job.get("wall_time_s"))
         if lab_s and wall_s:

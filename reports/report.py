@@ -25,6 +25,7 @@ from django.template import Context, Engine
 
 from reports import content, pdf
 from reports.moneyback import MoneyBackDecision, OverrideEntry, assess, lab_day_of
+from reports.structure import as_number
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,16 @@ def report_digest(
     # findings.json's own money_back is the platform's copy of this decision; the decision
     # itself is digested here, so the copy is left out and writing it back changes nothing.
     said = {k: v for k, v in findings.items() if k != "money_back"}
+    # The job's bookkeeping moves on after the report stage (its status, its stages, the
+    # time spent), and the report prints none of it, so the findings.json written when the
+    # job ends still gives the version of the report it carries. The lab and wall time
+    # stay in when they are what the report's dilation estimate is made from.
+    job = said.get("job")
+    if isinstance(job, Mapping):
+        moving = {"status", "status_message", "stages", "finished_at"}
+        if any(as_number(job.get(k)) for k in content.DILATION_KEYS):
+            moving |= {"lab_time_s", "wall_time_s"}
+        said["job"] = {k: v for k, v in job.items() if k not in moving}
     canonical = json.dumps(
         {
             "findings": said,

@@ -294,3 +294,24 @@ def test_writing_the_decision_back_into_the_findings_keeps_the_version() -> None
     assert report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision) == before
     document["findings"][0]["title"] = "A different title"
     assert report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision) != before
+
+
+def test_the_job_moving_on_after_the_report_keeps_the_version() -> None:
+    # The report stage renders while the job is running; findings.json is written again
+    # when the job ends. Both must name the same report version.
+    document = minimal_findings()
+    document["job"].update(status="running", stages=[{"name": "report", "status": "running"}])
+    decision = assess(document, as_of=ISSUED)
+    during = report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision)
+    document["job"].update(
+        status="succeeded",
+        stages=[{"name": "report", "status": "succeeded"}],
+        lab_time_s=document["job"]["lab_time_s"] + 1.4,
+        wall_time_s=document["job"]["wall_time_s"] + 1.1,
+    )
+    assert report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision) == during
+    # Without a recorded dilation the report estimates it from those times: they count.
+    del document["job"]["lab_dilation"]
+    without = report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision)
+    document["job"]["wall_time_s"] += 100
+    assert report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision) != without

@@ -69,6 +69,62 @@ class LaunchResult:
     ready_at: float  # lab epoch
     specs: list[dict[str, Any]]
     warm: bool  # caches were not dropped first: not a cold start
+    # Node -> lab seconds added to the start time the node reported (by its own clock) to
+    # bring it inside the platform's window around that node's launch call: 0 where the
+    # clocks agree; a skewed node's clock shows here instead of in cold_start_s.
+    start_corrections_s: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServingState:
+    """What the lab runs, held against one configuration (`LabSession.serving_state`):
+    the nodes' own evidence (each agent's status, with the hash of the launch spec its
+    engine was started from) and whether the API answered."""
+
+    expected_sha256: dict[str, str]  # node -> sha256 of the spec the configuration renders for it
+    status: dict[str, dict[str, Any]]  # node -> its agent's `status` data
+    healthy: bool | None  # /health answered 200; None when not asked (the nodes already said no)
+
+    @property
+    def other_nodes(self) -> list[str]:
+        """Nodes whose engine runs from a spec this configuration does not render."""
+        return [name for name, st in self.status.items()
+                if st.get("running") and st.get("spec_sha256") != self.expected_sha256[name]]
+
+    @property
+    def idle_nodes(self) -> list[str]:
+        """Nodes the configuration uses where no engine runs."""
+        return [name for name, st in self.status.items() if not st.get("running")]
+
+    @property
+    def other_configuration(self) -> bool:
+        """A different configuration (or one launched without a spec hash) runs."""
+        return bool(self.other_nodes)
+
+    @property
+    def serving(self) -> bool:
+        return not self.other_nodes and not self.idle_nodes and self.healthy is True
+
+    @property
+    def reason(self) -> str:
+        """Why the configuration is not serving, in a few words ("serving" when it is)."""
+        if self.other_nodes:
+            return f"a different configuration is running on {', '.join(self.other_nodes)}"
+        if self.idle_nodes:
+            return f"no engine runs on {', '.join(self.idle_nodes)}"
+        if not self.healthy:
+            return "the engine runs but /health does not answer 200"
+        return "serving"
+
+
+def spec_bytes(spec: Mapping[str, Any]) -> bytes:
+    """A launch spec exactly as the session uploads it: the bytes the agent hashes at launch
+    and reports back in `status` as `spec_sha256`."""
+    return json.dumps(spec, indent=2).encode()
+
+
+def spec_sha256(spec: Mapping[str, Any]) -> str:
+    return hashlib.sha256(spec_bytes(spec)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -292,6 +348,42 @@ class LabSession:
         """Stop the engine everywhere it may run; unreachable nodes are reported, not raised."""
         return self.agent_all("stop", nodes=nodes, tolerate=True)
 
+    def specs_for(self, config: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The launch specs `config` renders to on this lab: one per node it uses, head first."""
+        from lab.engines import render  # engines import config validation; keep startup light
+
+        nodes = self.nodes_for(config)
+        # The customer's model path is theirs; on this lab the weights live in the
+        # inventory's model directory.
+        config = {**config, "model": {**config["model"], "path": nodes[0].model_dir}}
+        return render(config, nodes)
+
+    def _healthy(self) -> bool:
+        try:
+            with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as http:
+                return http.get(f"{self.endpoint}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def serving_state(self, config: Mapping[str, Any]) -> ServingState:
+        """Whether the lab serves `config` and, if not, why, from what the nodes say: one
+        agent `status` per node the configuration uses (in parallel), each naming the hash
+        of the spec its engine was launched from, then /health when every node matched.
+
+        A 200 from /health alone cannot tell our configuration from the one another job
+        left running. Raises NodeUnreachable when a node does not answer."""
+        expected = {spec["node"]: spec_sha256(spec) for spec in self.specs_for(config)}
+        status = self.agent_all("status", nodes=list(expected))
+        state = ServingState(expected, status, healthy=None)
+        if state.other_nodes or state.idle_nodes:
+            return state
+        return ServingState(expected, status, healthy=self._healthy())
+
+    def serves(self, config: Mapping[str, Any]) -> bool:
+        """True when every node `config` uses runs an engine started from the spec this
+        configuration renders for it, and the API answers /health."""
+        return self.serving_state(config).serving
+
     def launch(
         self, config: Mapping[str, Any], *, cold: bool = True, timeout_s: float = 3600.0
     ) -> LaunchResult:
@@ -300,16 +392,11 @@ class LabSession:
         `cold`: stop every engine and drop the page cache first, so the figure is a true
         cold start. `timeout_s` is in lab seconds.
         """
-        from lab.engines import render  # engines import config validation; keep startup light
-
         nodes = self.nodes_for(config)
+        specs = self.specs_for(config)
         self.stop()
         if cold:
             self.drop_caches(nodes)
-        # The customer's model path is theirs; on this lab the weights live in the
-        # inventory's model directory.
-        config = {**config, "model": {**config["model"], "path": nodes[0].model_dir}}
-        specs = render(config, nodes)
         by_node = {n.name: n for n in nodes}
 
         def place(conn: NodeConnection) -> None:
@@ -317,7 +404,7 @@ class LabSession:
             spec = next(s for s in specs if s["node"] == node.name)
             conn.makedirs(f"{node.work_dir}/launch")
             conn.makedirs(str(Path(spec["log_file"]).parent))
-            conn.put_bytes(json.dumps(spec, indent=2).encode(), f"{node.work_dir}/launch/spec.json")
+            conn.put_bytes(spec_bytes(spec), f"{node.work_dir}/launch/spec.json")
 
         _raise_first(self.ssh.each(place, list(by_node)))
         try:
@@ -331,14 +418,19 @@ class LabSession:
         self, nodes: Sequence[Node], specs: list[dict[str, Any]], timeout_s: float, *, cold: bool
     ) -> LaunchResult:
         by_node = {n.name: n for n in nodes}
-        started_wall = time.monotonic()
-        results = self.ssh.each(
+        windows: dict[str, tuple[float, float]] = {}
+
+        def start(conn: NodeConnection) -> dict[str, Any]:
+            sent = self.clock.now()
             # Not idempotent: sent twice after a dropped connection, the second would find
             # the engine running and report a start that worked as failed.
-            lambda c: self._agent_call(c, ["launch", "--spec", f"{c.node.work_dir}/launch/spec.json"],
-                                       AGENT_TIMEOUT_S, idempotent=False),
-            list(by_node),
-        )
+            data = self._agent_call(conn, ["launch", "--spec", f"{conn.node.work_dir}/launch/spec.json"],
+                                    AGENT_TIMEOUT_S, idempotent=False)
+            windows[conn.node.name] = (sent, self.clock.now())
+            return data
+
+        started_wall = time.monotonic()
+        results = self.ssh.each(start, list(by_node))
         _raise_first(results)
         self._launched = list(by_node)
         ready_wall = self._wait_healthy(nodes, started_wall, timeout_s)
@@ -346,7 +438,24 @@ class LabSession:
         # The cold start runs from the moment the last rank was started, by the nodes' own
         # clocks: the few tenths of a second our parallel SSH calls take to reach every node
         # are ours, not the engine's (and a simulated lab would inflate them by its dilation).
-        started_at = max(float(r["started"]) for r in results.values() if isinstance(r, dict))
+        # A node's clock may disagree with ours, though, and ready_at is ours: each reported
+        # start is held inside the window of its own launch call (it did happen between our
+        # sending the call and its answer), so a skew costs at most that call's duration.
+        starts: dict[str, float] = {}
+        corrections: dict[str, float] = {}
+        for name, data in results.items():
+            if not isinstance(data, dict):
+                continue
+            reported = float(data["started"])
+            sent, answered = windows[name]
+            starts[name] = min(max(reported, sent), answered)
+            corrections[name] = round(starts[name] - reported, 3)
+        # NTP keeps a real lab within milliseconds; only a skew worth a second is news.
+        skewed = {name: c for name, c in corrections.items() if abs(c) >= 1.0}
+        if skewed:
+            log.warning("launch: start times outside their call windows (node clock skew?), "
+                        "corrected by %s lab s", skewed)
+        started_at = max(starts.values())
         return LaunchResult(
             endpoint=self.endpoint,
             cold_start_s=round(ready_at - started_at, 3),
@@ -354,6 +463,7 @@ class LabSession:
             ready_at=ready_at,
             specs=specs,
             warm=not cold,
+            start_corrections_s=corrections,
         )
 
     def _wait_healthy(self, nodes: Sequence[Node], started_wall: float, timeout_s: float) -> float:

@@ -75,6 +75,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
         ) from exc
 
     ctx.log(f"serving at {launched.endpoint} after {launched.cold_start_s:.1f} lab s")
+    corrected = {node: c for node, c in launched.start_corrections_s.items() if abs(c) >= 1.0}
+    if corrected:
+        # The node's clock disagrees with the platform's; the cold start used the bounded time.
+        ctx.log("node start times held inside their launch calls (clock skew?): "
+                + ", ".join(f"{node} {c:+.3f} lab s" for node, c in sorted(corrected.items())))
     ctx.progress(80, f"serving after {launched.cold_start_s:.0f} lab s; collecting telemetry and logs")
     telemetry = _collect_telemetry(ctx, sampler_from)
     engine_log = session.logs()
@@ -96,6 +101,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "started_at": launched.started_at,
         "ready_at": launched.ready_at,
         "warm": launched.warm,
+        # Per node, lab seconds added to the start it reported by its own clock (0 where
+        # the clocks agree): a skewed clock shows here, not in cold_start_s.
+        "start_corrections_s": launched.start_corrections_s,
         "launch": [
             {k: spec.get(k) for k in ("node", "role", "rank", "argv", "env", "log_file")}
             for spec in launched.specs

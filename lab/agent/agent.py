@@ -632,13 +632,18 @@ def work_dir(args: argparse.Namespace) -> str:
     return os.path.abspath(args.work_dir or os.path.dirname(agent_file()))
 
 
-def load_spec(path: str, base: str) -> dict[str, Any]:
-    """The launch spec, checked field by field; relative paths resolve against `base`."""
-    text = read_text(path)
-    if text is None:
-        raise AgentError("not_found", f"launch: no readable spec at --spec {path!r}")
+def load_spec(path: str, base: str) -> tuple[dict[str, Any], str]:
+    """The launch spec, checked field by field (relative paths resolve against `base`),
+    and the sha256 of the file's bytes exactly as read: what `status` later reports, so the
+    platform can tell which configuration the engine was started from."""
     try:
-        spec = json.loads(text)
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        raise AgentError("not_found", f"launch: no readable spec at --spec {path!r}") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        spec = json.loads(raw.decode("utf-8", errors="replace"))
     except ValueError as exc:
         raise AgentError("invalid_spec", f"launch: {path} is not JSON: {exc}") from exc
     if not isinstance(spec, dict):
@@ -665,7 +670,7 @@ def load_spec(path: str, base: str) -> dict[str, Any]:
     cwd = os.path.join(base, cwd)
     if not os.path.isdir(cwd):
         raise bad("cwd", "must be an existing directory")
-    return {**spec, "env": env, "cwd": cwd, "log_file": os.path.join(base, log_file)}
+    return {**spec, "env": env, "cwd": cwd, "log_file": os.path.join(base, log_file)}, digest
 
 
 def engine_record(wd: str) -> dict[str, Any] | None:
@@ -690,7 +695,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     wd = work_dir(args)
     if not os.path.isdir(wd):
         raise AgentError("not_found", f"launch: --work-dir {wd!r} is not a directory")
-    spec = load_spec(args.spec, wd)
+    spec, spec_sha256 = load_spec(args.spec, wd)
     current = engine_record(wd)
     if current is not None and engine_running(current):
         raise AgentError("already_running",
@@ -735,7 +740,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
                 "pid": proc.pid, "starttime": st.starttime if st else None,
                 "pgid": me, "group_since": me_stat.starttime if me_stat else 0,
                 "boot_id": boot, "started": started, "log_file": spec["log_file"],
-                "spec": os.path.abspath(args.spec), "argv": argv,
+                "spec": os.path.abspath(args.spec), "spec_sha256": spec_sha256, "argv": argv,
             })
         except OSError:
             # An engine that stop and status cannot find must not keep running.
@@ -770,7 +775,7 @@ def status(args: argparse.Namespace) -> dict[str, Any]:
     wd = work_dir(args)
     record = engine_record(wd)
     if record is None:
-        return {"running": False, "pid": None, "exit_code": None}
+        return {"running": False, "pid": None, "exit_code": None, "spec_sha256": None}
     running = engine_running(record)
     exit_code = None
     if not running:
@@ -778,7 +783,12 @@ def status(args: argparse.Namespace) -> dict[str, Any]:
         if ended is not None and ended.get("pid") == record["pid"] \
                 and ended.get("boot_id") == record.get("boot_id"):
             exit_code = ended.get("exit_code")
-    return {"running": running, "pid": record["pid"], "exit_code": exit_code}
+    # The spec the engine was started from, by the hash of its bytes at launch: the file
+    # itself may have been rewritten since. A record written before hashes were kept
+    # has none.
+    digest = record.get("spec_sha256")
+    return {"running": running, "pid": record["pid"], "exit_code": exit_code,
+            "spec_sha256": digest if isinstance(digest, str) else None}
 
 
 # -- logs ---------------------------------------------------------------------------------

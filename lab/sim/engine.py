@@ -218,11 +218,12 @@ class EngineProcess:
     """One engine process on one node, from launch to exit."""
 
     def __init__(self, node: SimNode, *, pid: int, spec: dict[str, Any], log_path: Path,
-                 started: float) -> None:
+                 started: float, spec_sha256: str | None = None) -> None:
         self.node = node
         self.clock = node.clock
         self.pid = pid
         self.spec = spec
+        self.spec_sha256 = spec_sha256  # of the spec file the agent read, as `status` reports
         self.env: dict[str, str] = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
         self.log_path = log_path
         self.started = started
@@ -301,7 +302,12 @@ class EngineProcess:
             for line in lines:
                 fh.write(line + "\n")
 
+    def stamp(self, t: float) -> float:
+        """Lab time t as the node's clock reads it: what the log's timestamps show."""
+        return self.node.node_time(t)
+
     def info(self, t: float, source: str, message: str, level: str = "INFO") -> None:
+        t = self.stamp(t)
         if self.engine == "sglang":
             self.write_raw([logfmt.sglang(t, message, tp_rank=self.rank if source != "-" else None)])
         else:
@@ -312,7 +318,7 @@ class EngineProcess:
         self.info(self.clock.now(), "loggers.py:123", message)
 
     def _error_traceback(self, exc_type: str, message: str, *, phase: str) -> None:
-        t = self.clock.now()
+        t = self.stamp(self.clock.now())
         frames = [
             ("/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", 691, "run_engine_core",
              "engine_core = EngineCoreProc(*args, **kwargs)"),
@@ -612,7 +618,7 @@ class EngineProcess:
             self.at(mark)
             attempt += 1
             self.write_raw([
-                logfmt.glog("W", mark, self.pid, "torch/csrc/distributed/c10d/socket.cpp:767",
+                logfmt.glog("W", self.stamp(mark), self.pid, "torch/csrc/distributed/c10d/socket.cpp:767",
                             "[c10d] The client socket has failed to connect to "
                             f"[{self._master}] (errno: 110 - Connection timed out)."),
                 logfmt.nccl(host, self.pid, "misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
@@ -734,12 +740,13 @@ class EngineProcess:
         body = logfmt.python_traceback(
             frames, "RuntimeError: Worker failed with error 'CUDA error: an illegal memory access was "
                     "encountered', please check the stack trace above for the root cause")
+        stamp = self.stamp(t)
         if self.engine == "sglang":
-            lines = [logfmt.sglang(t, "Scheduler hit an exception:", tp_rank=self.rank), *body]
+            lines = [logfmt.sglang(stamp, "Scheduler hit an exception:", tp_rank=self.rank), *body]
         else:
-            lines = [logfmt.vllm("ERROR", t, "core.py:815", "EngineCore encountered a fatal error.")]
-            lines += [logfmt.vllm("ERROR", t, "core.py:815", line) for line in body]
-            lines.append(logfmt.vllm("ERROR", t, "async_llm.py:485", "AsyncLLM output_handler failed."))
+            lines = [logfmt.vllm("ERROR", stamp, "core.py:815", "EngineCore encountered a fatal error.")]
+            lines += [logfmt.vllm("ERROR", stamp, "core.py:815", line) for line in body]
+            lines.append(logfmt.vllm("ERROR", stamp, "async_llm.py:485", "AsyncLLM output_handler failed."))
             lines.append("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
                          "See stack trace (above) for the root cause.")
         self.write_raw(lines)

@@ -2,7 +2,8 @@
 
 The simulated engine writes its log through these helpers so that the platform's log
 parser meets the same shapes it meets on real nodes (docs/lab-contracts.md lists them).
-Timestamps are lab time in UTC: a node's clock is the lab clock.
+Timestamps are lab time in UTC as the node's clock reads it: the lab clock, plus the
+scenario's `clock_offset_s` fault on a skewed node.
 """
 
 from __future__ import annotations

@@ -261,6 +261,11 @@ class SimNode:
         self._engine_gib = Series(0.0)  # memory the engine holds
         self._samplers: dict[str, _Sampler] = {}
         self._next_pid = PID_START + 1000 * index
+        # The clock_offset_s fault: how far this node's own clock reads ahead of lab time.
+        # The simulation runs on lab time; only what the node reports by its clock (the
+        # agent's times, telemetry stamps, engine log stamps) is read off the skewed one.
+        self.clock_offset_s = sum(float(f["clock_offset_s"]) for f in ctx.scenario.faults("clock_offset_s")
+                                  if f.get("node") in (None, self.name))
         for d in (paths.work_dir, paths.model_dir, paths.cache_dir):
             self.host_path(d).mkdir(parents=True, exist_ok=True)
 
@@ -289,6 +294,10 @@ class SimNode:
     def node_path(self, host: Path) -> str:
         rel = Path(host).resolve().relative_to(self._root_resolved)
         return "/" + rel.as_posix() if str(rel) != "." else "/"
+
+    def node_time(self, t: float) -> float:
+        """What this node's own clock reads at lab time t."""
+        return t + self.clock_offset_s
 
     def _pid(self) -> int:
         with self.lock:
@@ -448,7 +457,7 @@ class SimNode:
         for nic in nics["data"]:
             net[nic] = {"rx_mbps": round(data * u(0.9, 1.0), 3), "tx_mbps": round(data * u(0.9, 1.0), 3)}
         return {
-            "t": float(t),
+            "t": float(self.node_time(t)),
             "cpu": {"user": round(cpu_user, 2), "system": round(cpu_sys, 2), "iowait": round(iowait, 2),
                     "idle": round(idle, 2)},
             "mem": {"available_kib": available, "cached_kib": cached, "swap_used_kib": 0},
@@ -554,7 +563,7 @@ class SimNode:
         model_host = self.host_path(model_dir)
         return {
             "host": self.name,
-            "time": t,
+            "time": self.node_time(t),
             "kernel": KERNEL,
             "arch": "aarch64",
             "cpu_count": int(self.scenario.node["cpu_cores"]),
@@ -614,7 +623,8 @@ class SimNode:
                 return {"samples": [], "running": False}
             self._materialize(sampler, now)
             until = now if sampler.stop is None else min(now, sampler.stop)
-            times = self._sample_times(sampler, since, until)
+            # `since` is a reading of this node's clock, like the samples' stamps.
+            times = self._sample_times(sampler, since - self.clock_offset_s, until)
             running = sampler.stop is None
         return {"samples": [self.sample(t) for t in times], "running": running}
 
@@ -630,7 +640,8 @@ class SimNode:
     def _launch(self, spec_path: str) -> dict[str, Any]:
         path = self.host_path(spec_path)
         try:
-            spec = json.loads(path.read_text())
+            raw = path.read_bytes()
+            spec = json.loads(raw.decode("utf-8"))
         except FileNotFoundError as exc:
             raise AgentFailure("not_found", f"launch: no readable spec at --spec {spec_path!r}") from exc
         except (OSError, ValueError) as exc:
@@ -655,20 +666,28 @@ class SimNode:
         if not isinstance(cwd, str) or not self.host_path(posixpath.join(self.paths.work_dir, cwd)).is_dir():
             raise bad("cwd", "must be an existing directory")
         log_file = posixpath.join(self.paths.work_dir, log_file)
-        return self.launch({**spec, "env": env, "log_file": log_file}, self.host_path(log_file))
+        return self.launch({**spec, "env": env, "log_file": log_file}, self.host_path(log_file),
+                           spec_sha256=hashlib.sha256(raw).hexdigest())
 
-    def launch(self, spec: dict[str, Any], log_host: Path) -> dict[str, Any]:
+    def launch(self, spec: dict[str, Any], log_host: Path, *,
+               spec_sha256: str | None = None) -> dict[str, Any]:
+        """Start an engine from `spec`. `spec_sha256` is the hash of the spec file's bytes as
+        read (what `status` reports); in-process callers that hand over the spec itself get
+        the hash of the bytes the platform would have written for it."""
+        if spec_sha256 is None:
+            spec_sha256 = hashlib.sha256(json.dumps(spec, indent=2).encode()).hexdigest()
         with self.lock:
             running = [p for p in self.processes if p.running]
             if running:
                 raise AgentFailure("already_running", f"launch: an engine already runs here "
                                    f"(pid {running[0].pid}); run `stop` first")
             started = self.clock.now()
-            proc = EngineProcess(self, pid=self._pid(), spec=spec, log_path=log_host, started=started)
+            proc = EngineProcess(self, pid=self._pid(), spec=spec, log_path=log_host, started=started,
+                                 spec_sha256=spec_sha256)
             self.launch_count += 1
             self.processes.append(proc)
         proc.start()
-        return {"pid": proc.pid, "log_file": spec["log_file"], "started": started}
+        return {"pid": proc.pid, "log_file": spec["log_file"], "started": self.node_time(started)}
 
     def stop_engines(self) -> list[int]:
         with self.lock:
@@ -679,8 +698,9 @@ class SimNode:
         with self.lock:
             proc = self.processes[-1] if self.processes else None
         if proc is None:
-            return {"running": False, "pid": None, "exit_code": None}
-        return {"running": proc.running, "pid": proc.pid, "exit_code": proc.exit_code}
+            return {"running": False, "pid": None, "exit_code": None, "spec_sha256": None}
+        return {"running": proc.running, "pid": proc.pid, "exit_code": proc.exit_code,
+                "spec_sha256": proc.spec_sha256}
 
     def _logs(self, file: str, since: int, max_bytes: int) -> dict[str, Any]:
         path = self.host_path(file)

@@ -116,7 +116,9 @@ WORKLOADS = ("code", "prose")
 # An addition to LAB_MODEL.md section 8 (documented in lab/scenarios/README.md).
 SERVING_DEFAULTS: dict[str, Any] = {"abort_on_disconnect": True, "log_interval_s": 10.0}
 
-FAULT_KINDS = ("node_down", "engine_crash_after_s", "nic_degraded_gbps", "kv_budget")
+FAULT_KINDS = ("node_down", "engine_crash_after_s", "nic_degraded_gbps", "kv_budget", "clock_offset_s")
+# Faults that apply to every node unless they name one.
+PER_NODE_FAULTS = ("nic_degraded_gbps", "clock_offset_s")
 
 TOP_FIELDS = ("schema", "name", "seed", "dilation", "cluster", "model", "engine", "truth", "serving")
 CLUSTER_FIELDS = ("nodes", "node", "network")
@@ -372,7 +374,7 @@ def _faults(value: Any, path: str, node_names: list[str]) -> list[dict[str, Any]
         if len(kinds) != 1:
             raise _fail(fpath, item, "exactly one of " + ", ".join(FAULT_KINDS))
         kind = kinds[0]
-        allowed = {kind, "node"} if kind == "nic_degraded_gbps" else {kind}
+        allowed = {kind, "node"} if kind in PER_NODE_FAULTS else {kind}
         for key in item:
             if key not in allowed:
                 raise _unknown(f"{fpath}.{key}", allowed)
@@ -388,12 +390,17 @@ def _faults(value: Any, path: str, node_names: list[str]) -> list[dict[str, Any]
             if gbps <= 0:
                 raise _fail(kpath, raw, "a link speed in Gbps > 0")
             fault = {kind: gbps}
-            if "node" in item:
-                fault["node"] = _string(item["node"], f"{fpath}.node", tuple(node_names))
+        elif kind == "clock_offset_s":
+            # How far the node's clock is ahead of lab time (behind when negative).
+            if not _is_number(raw):
+                raise _fail(kpath, raw, "a number of lab seconds (negative: the clock is behind)")
+            fault = {kind: float(raw)}
         else:
             if raw is not True:
                 raise _fail(kpath, raw, "true")
             fault = {kind: True}
+        if kind in PER_NODE_FAULTS and "node" in item:
+            fault["node"] = _string(item["node"], f"{fpath}.node", tuple(node_names))
         out.append(fault)
     return out
 

@@ -6,6 +6,8 @@ ten lab minutes takes seconds; lab-time figures are unaffected (the session conv
 
 from __future__ import annotations
 
+import email
+import email.policy
 import io
 import json
 import os
@@ -20,7 +22,9 @@ from django.core.management import CommandError, call_command
 from diagnostic.bookings.models import Lab
 from diagnostic.jobs.findings import validate_findings
 from diagnostic.jobs.models import DiagnosticJob, Finding
+from diagnostic.jobs.report import NO_BOOKING_CUSTOMER
 from lab.sim.lab import SimLab
+from reports.report import render
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO, REPO
 from tests.diagnostic.doubles import fast_scenario
 
@@ -61,6 +65,15 @@ def test_it_reproduces_the_reference_configuration_and_writes_findings(
     reproduce = job.stage_runs.get(name="reproduce").result
     assert reproduce["endpoint"].startswith("http://127.0.0.1:")
     assert len(reproduce["launch"]) == 8
+    # The nodes' clocks agree with the platform's: no node's start time needed holding.
+    corrections = reproduce["start_corrections_s"]
+    assert sorted(corrections) == [f"spark-0{i}" for i in range(1, 9)]
+    assert all(abs(c) < 1 for c in corrections.values()), corrections
+    # The findings.json written when the job ended names the report version the PDF and
+    # email carry: rendering it again gives the same version.
+    message = email.message_from_bytes((out / "email.eml").read_bytes(), policy=email.policy.default)
+    again = render(document, tmp_path / "again", customer=NO_BOOKING_CUSTOMER)
+    assert str(message["X-Report-Version"]).strip() == again.digest
     samples = reproduce["telemetry"]["spark-01"]
     assert samples and {"t", "cpu", "mem", "disk_read_mbps", "net"} <= samples[0].keys()
     # The sampler ran from before the launch: the series covers the whole cold start.

@@ -8,6 +8,7 @@ enough to prove the path a customer value takes: configuration -> rendered launc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab.config import normalize_config
-from lab.session import LabSession, LaunchFailed
+from lab.session import LabSession, LaunchFailed, spec_sha256
 
 from .conftest import Sshd
 
@@ -62,7 +63,7 @@ def session(sshd: Sshd) -> LabSession:
     s.close()
 
 
-def one_node_config(**serving: object) -> dict[str, object]:
+def one_node_config(speculative: dict[str, object] | None = None, **serving: object) -> dict[str, object]:
     return normalize_config({
         "schema": "diagnostic.config/1",
         "engine": {"name": "vllm", "version": "0.29.1"},
@@ -71,7 +72,7 @@ def one_node_config(**serving: object) -> dict[str, object]:
         "cluster": {"nodes": 1, "node_type": "dgx-spark", "link_gbps": 100},
         "parallel": {"tp": 1, "pp": 1, "expert_parallel": False},
         "serving": serving,
-        "speculative": None,
+        "speculative": speculative,
         "workloads": ["code"],
     })
 
@@ -113,3 +114,21 @@ def test_a_launch_that_dies_reports_the_log_tail(session: LabSession) -> None:
 def test_it_fetches_the_tokenizer_from_the_model_directory(session: LabSession, tmp_path: Path) -> None:
     path = session.tokenizer_path(tmp_path)
     assert json.loads(path.read_text())["model"]["type"] == "BPE"
+
+
+def test_it_knows_which_configuration_the_node_runs_from_the_agents_spec_hash(session: LabSession) -> None:
+    eagle = {"method": "eagle3", "draft_model": "AQ-MedAI/Kimi-K2-Instruct-eagle3"}
+    ours = one_node_config({**eagle, "num_speculative_tokens": 4})
+    other = one_node_config({**eagle, "num_speculative_tokens": 3})
+    assert session.serves(ours) is False  # nothing launched yet
+    session.launch(ours, cold=False, timeout_s=60)
+    assert session.serves(ours) is True
+    state = session.serving_state(other)
+    assert (state.serving, state.other_nodes, state.idle_nodes) == (False, ["node-a"], [])
+    # The real agent hashed the very bytes the session wrote over SFTP.
+    written = (Path(session.inventory.head.work_dir) / "launch" / "spec.json").read_bytes()
+    assert state.status["node-a"]["spec_sha256"] == hashlib.sha256(written).hexdigest() \
+        == spec_sha256(session.specs_for(ours)[0])
+    session.stop()
+    stopped = session.serving_state(ours)
+    assert (stopped.serving, stopped.idle_nodes) == (False, ["node-a"])

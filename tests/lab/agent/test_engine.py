@@ -3,6 +3,7 @@ takes its whole process group."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -27,6 +28,10 @@ def _launch(work_dir: Path, argv: list[str], **spec: object) -> dict:
     return run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir)).data
 
 
+def _spec_sha256(work_dir: Path) -> str:
+    return hashlib.sha256((work_dir / "spec.json").read_bytes()).hexdigest()
+
+
 def test_it_runs_the_argv_without_a_shell_and_adds_the_spec_env(work_dir: Path) -> None:
     data = _launch(work_dir, [sys.executable, "-c", PRINT_ARGV_AND_ENV, *HOSTILE],
                    env={"DIAG_PROBE": "$HOME is not expanded"})
@@ -48,7 +53,30 @@ def test_it_reports_the_pid_and_start_time_on_the_node_clock(work_dir: Path) -> 
     assert before <= data["started"] <= time.time()
     assert proc_alive(data["pid"])
     assert run_agent("status", "--work-dir", str(work_dir)).data == {
-        "running": True, "pid": data["pid"], "exit_code": None}
+        "running": True, "pid": data["pid"], "exit_code": None, "spec_sha256": _spec_sha256(work_dir)}
+
+
+def test_status_names_the_spec_the_engine_was_launched_from_by_the_hash_of_its_bytes(
+    work_dir: Path,
+) -> None:
+    # Bytes a JSON round trip would not reproduce: the hash is of the file as read.
+    spec = {"schema": "lab.launch/1", "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+            "env": {}, "log_file": "engine.log", "note": "caf\u00e9  "}
+    raw = json.dumps(spec, indent=3).encode() + b"\n\n"
+    path = work_dir / "spec.json"
+    path.write_bytes(raw)
+    run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir))
+    launched = hashlib.sha256(raw).hexdigest()
+    assert run_agent("status", "--work-dir", str(work_dir)).data["spec_sha256"] == launched
+    # The platform writes the next spec before the next launch: status still names the
+    # spec the running engine was started from, and keeps naming it once it stopped.
+    path.write_bytes(raw.replace(b"60", b"61"))
+    assert run_agent("status", "--work-dir", str(work_dir)).data["spec_sha256"] == launched
+    run_agent("stop", "--work-dir", str(work_dir), "--grace", "1")
+    status = run_agent("status", "--work-dir", str(work_dir)).data
+    assert (status["running"], status["spec_sha256"]) == (False, launched)
+    record = json.loads((work_dir / "engine.json").read_text())
+    assert record["spec_sha256"] == launched
 
 
 def test_it_appends_to_an_existing_log_and_uses_the_spec_cwd(work_dir: Path, tmp_path: Path) -> None:
@@ -66,12 +94,12 @@ def test_status_reports_the_exit_code_of_an_engine_that_ended(work_dir: Path) ->
     data = _launch(work_dir, [sys.executable, "-c", "import sys; sys.exit(3)"])
     assert wait_until(lambda: run_agent("status", "--work-dir", str(work_dir)).data["exit_code"] == 3)
     assert run_agent("status", "--work-dir", str(work_dir)).data == {
-        "running": False, "pid": data["pid"], "exit_code": 3}
+        "running": False, "pid": data["pid"], "exit_code": 3, "spec_sha256": _spec_sha256(work_dir)}
 
 
 def test_status_before_any_launch_knows_nothing(work_dir: Path) -> None:
     assert run_agent("status", "--work-dir", str(work_dir)).data == {
-        "running": False, "pid": None, "exit_code": None}
+        "running": False, "pid": None, "exit_code": None, "spec_sha256": None}
 
 
 def test_stop_takes_the_whole_process_group(work_dir: Path) -> None:
@@ -88,7 +116,8 @@ def test_stop_takes_the_whole_process_group(work_dir: Path) -> None:
     assert {engine, grandchild} <= set(stopped)
     assert not proc_alive(engine) and not proc_alive(grandchild)
     status = run_agent("status", "--work-dir", str(work_dir)).data
-    assert status == {"running": False, "pid": engine, "exit_code": -15}  # killed by SIGTERM
+    assert status == {"running": False, "pid": engine, "exit_code": -15,  # killed by SIGTERM
+                      "spec_sha256": _spec_sha256(work_dir)}
 
 
 def test_stop_kills_an_engine_that_ignores_sigterm_after_the_grace_period(work_dir: Path) -> None:

@@ -148,12 +148,19 @@ def test_it_runs_under_python_3_8(python: str | None, tmp_path: Path) -> None:
 
 def test_the_schema_rejects_data_that_does_not_fit_its_verb() -> None:
     good = {"schema": "lab.agent/1", "verb": "status", "ok": True,
-            "data": {"running": False, "pid": None, "exit_code": None}}
+            "data": {"running": False, "pid": None, "exit_code": None, "spec_sha256": None}}
     validate_response(good)
     with pytest.raises(AgentResponseError, match="data"):
-        validate_response({**good, "data": {"running": "no", "pid": None, "exit_code": None}})
+        validate_response({**good, "data": {"running": "no", "pid": None, "exit_code": None,
+                                            "spec_sha256": None}})
     with pytest.raises(AgentResponseError, match="exit_code"):
-        validate_response({**good, "data": {"running": True, "pid": 5, "exit_code": 0}})
+        validate_response({**good, "data": {"running": True, "pid": 5, "exit_code": 0,
+                                            "spec_sha256": "0" * 64}})
+    with pytest.raises(AgentResponseError, match="spec_sha256"):
+        validate_response({**good, "data": {"running": False, "pid": None, "exit_code": None}})
+    with pytest.raises(AgentResponseError, match="spec_sha256"):
+        validate_response({**good, "data": {"running": True, "pid": 5, "exit_code": None,
+                                            "spec_sha256": "not a hash"}})
     with pytest.raises(AgentResponseError):
         validate_response({**good, "verb": "facts"})  # status data is not facts data
     with pytest.raises(AgentResponseError):

@@ -14,7 +14,7 @@ import pytest
 from lab.sim.engine import EngineProcess
 from lab.sim.lab import SimLab
 
-from .conftest import launch, out_of_box, stop_all, wait_exit, wait_ready
+from .conftest import launch, load_path_fixed, out_of_box, stop_all, wait_exit, wait_ready
 
 MGMT = "enP7s7"
 DATA = ("enp1s0f0np0", "enP2p1s0f0np0")
@@ -73,8 +73,6 @@ def test_each_load_stall_is_named_from_its_telemetry(
 
 
 def test_the_fixed_load_path_shows_none_of_the_three_signatures(sim_lab: SimLab) -> None:
-    from .conftest import load_path_fixed
-
     wait_ready(launch(sim_lab, load_path_fixed()))
     stop_all(sim_lab)
     head = wait_ready(launch(sim_lab, load_path_fixed()))
@@ -150,3 +148,35 @@ def test_a_bf16_kv_cache_at_full_context_does_not_fit_even_without_the_fault(sim
     assert wait_exit(procs[0]) == 1
     text = procs[0].log_path.read_text()
     assert "KV cache is needed, which is larger than the available KV cache memory" in text
+
+
+def test_a_skewed_node_reports_everything_by_its_own_clock(make_lab: Callable[..., SimLab]) -> None:
+    import dataclasses
+    import datetime
+
+    from lab.scenarios import scenario_path
+    from lab.sim.scenario import load_scenario
+
+    reference = load_scenario(scenario_path("reference-kimi-k2-8spark"))
+    skewed = dataclasses.replace(reference, truth={
+        **reference.truth, "faults": [{"clock_offset_s": 3600.0, "node": "spark-03"}]})
+    lab = make_lab(skewed)
+    node, other = lab.node("spark-03"), lab.node("spark-02")
+    before = lab.clock.now()
+    ahead, agreeing = node.facts("/models/kimi-k2")["time"], other.facts("/models/kimi-k2")["time"]
+    after = lab.clock.now()
+    assert before + 3600 <= ahead <= after + 3600 and before <= agreeing <= after
+    procs = launch(lab, load_path_fixed())
+    wait_ready(procs)
+    ranks = {p.node.name: p for p in procs}
+    # The simulation runs on lab time; what the node says is read off its skewed clock.
+    started = ranks["spark-03"].started
+    stamps = [line.split("]", 1)[0] for line in ranks["spark-03"].log_path.read_text().splitlines()
+              if line.startswith("INFO ")]
+    year = datetime.datetime.fromtimestamp(started + 3600, datetime.UTC).year
+    first = datetime.datetime.strptime(f"{year}-{stamps[0][5:19]}", "%Y-%m-%d %H:%M:%S").replace(
+        tzinfo=datetime.UTC).timestamp()
+    assert abs(first - (started + 3600)) < 120
+    samples = node.telemetry_between(started, started + 5)
+    assert [s["t"] for s in samples] == [t + 3600 for t in range(int(started) + 1, int(started) + 6)]
+    assert other.telemetry_between(started, started + 1)[0]["t"] == int(started) + 1

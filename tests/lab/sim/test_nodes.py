@@ -115,19 +115,26 @@ def test_every_verb_answers_in_the_agent_schema(sim_lab: SimLab) -> None:
     assert data(node, "sampler", "stop", "--out", out) == {"stopped": True}
     stopped = data(node, "stop")["stopped"]
     assert stopped == [procs[0].pid]
-    assert data(node, "status") == {"running": False, "pid": procs[0].pid, "exit_code": -15}
+    assert data(node, "status") == {"running": False, "pid": procs[0].pid, "exit_code": -15,
+                                    "spec_sha256": procs[0].spec_sha256}
 
 
 def test_launch_reads_the_spec_file_and_refuses_a_second_engine(sim_lab: SimLab) -> None:
+    import hashlib
+
     from lab.engines import render
     from lab.inventory import load_inventory
 
     spec = render(out_of_box(), load_inventory(sim_lab.inventory_path).nodes)[0]
     node = sim_lab.head
+    assert data(node, "status") == {"running": False, "pid": None, "exit_code": None, "spec_sha256": None}
     node.host_path("/var/lib/diag/launch").mkdir(parents=True)
-    node.host_path("/var/lib/diag/launch/spec.json").write_text(json.dumps(spec))
+    raw = json.dumps(spec).encode()
+    node.host_path("/var/lib/diag/launch/spec.json").write_bytes(raw)
     first = data(node, "launch", "--spec", "/var/lib/diag/launch/spec.json")
     assert first["log_file"] == "/var/lib/diag/logs/engine.log"
+    # Like the real agent: status names the spec by the hash of the file's bytes as read.
+    assert data(node, "status")["spec_sha256"] == hashlib.sha256(raw).hexdigest()
     status, answer = agent(node, "launch", "--spec", "/var/lib/diag/launch/spec.json")
     assert status == 1 and answer["error"]["code"] == "already_running"
     node.host_path("/var/lib/diag/launch/bad.json").write_text(json.dumps({**spec, "schema": "x"}))

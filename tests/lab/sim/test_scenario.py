@@ -116,6 +116,18 @@ def test_faults_are_read_in_their_four_shapes() -> None:
     assert s.faults("node_down") == [{"node_down": "spark-05"}]
 
 
+def test_a_clock_offset_reads_as_lab_seconds_either_way_for_one_node_or_all() -> None:
+    s = parse_scenario(minimal(truth={"faults": [{"clock_offset_s": -90, "node": "spark-02"},
+                                                 {"clock_offset_s": 1.5}]}))
+    assert s.faults("clock_offset_s") == [{"clock_offset_s": -90.0, "node": "spark-02"},
+                                          {"clock_offset_s": 1.5}]
+    err = error_of(minimal(truth={"faults": [{"clock_offset_s": "ahead"}]}))
+    assert err.field == "truth.faults[0].clock_offset_s" and "lab seconds" in str(err)
+    err = error_of(minimal(cluster={"nodes": 2},
+                           truth={"faults": [{"clock_offset_s": 5, "node": "spark-03"}]}))
+    assert err.field == "truth.faults[0].node"
+
+
 def test_a_fault_naming_a_node_the_lab_lacks_is_refused() -> None:
     err = error_of(minimal(cluster={"nodes": 4}, truth={"faults": [{"node_down": "spark-05"}]}))
     assert err.field == "truth.faults[0].node_down" and "spark-04" in str(err)

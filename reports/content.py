@@ -110,6 +110,12 @@ WHY: dict[str, str] = {
         "receive. The delivered rate is what a client sees; the server's figure belongs beside it, never "
         "in its place."
     ),
+    "load.kv_budget": (
+        "The engine reserves KV cache for at least one request of the full context length before it "
+        "serves anything. When that does not fit beside the weights, it exits during start-up, on every "
+        "start, so the configuration cannot serve at all until the context length or the memory budget "
+        "changes."
+    ),
     "lab.node_unreachable": (
         "A node of our lab could not be reached, so the configuration could not be reproduced in full on "
         "our side. Under the money-back rule the engagement is free."
@@ -119,6 +125,16 @@ WHY: dict[str, str] = {
         "not be reproduced in full on our side. Under the money-back rule the engagement is free."
     ),
 }
+# A lab finding that did not stop the job (preflight's warnings: a slow link, clock skew, a
+# node the configuration does not use) changes nothing about the engagement.
+LAB_WARNING_WHY = (
+    "Our checks of the lab before the run found this. It did not stop your configuration from being "
+    "reproduced; it is listed so that the figures in this report can be read with it in mind."
+)
+LAB_BLOCKING_WHY = (
+    "Our lab could not run the configuration because of this, so it could not be reproduced in full on "
+    "our side. Under the money-back rule the engagement is free."
+)
 GENERIC_WHY = (
     "This finding is reported as the pipeline recorded it: the evidence that decided it, the change, and "
     "the change's measured effect."
@@ -144,6 +160,10 @@ EVIDENCE_LABELS = {
     "search_lab_time_s": "Lab time spent searching",
     "server_claimed_tps": "Server-claimed rate",
     "cause": "Cause",
+    "max_model_len": "Context length configured (max_model_len)",
+    "kv_needed_gib": "KV cache needed for one request",
+    "kv_available_gib": "KV cache memory available",
+    "estimated_max_model_len": "Longest context that fits (the engine's estimate)",
 }
 
 METRIC_LABELS = {
@@ -293,6 +313,12 @@ def server_claims_table(evidence: Mapping[str, Any]) -> Block | None:
     )
 
 
+def why_it_matters(code: str, blocking: bool) -> str:
+    if code.startswith("lab."):
+        return (WHY.get(code) or LAB_BLOCKING_WHY) if blocking else LAB_WARNING_WHY
+    return WHY.get(code) or GENERIC_WHY
+
+
 def build_finding(
     index: int, finding: Mapping[str, Any], stage_titles: Mapping[str, tuple[str, str]]
 ) -> FindingSection:
@@ -338,7 +364,7 @@ def build_finding(
         lead=lead,
         evidence=rows,
         evidence_tables=tables,
-        why=str(finding.get("why") or WHY.get(code) or GENERIC_WHY),
+        why=str(finding.get("why") or why_it_matters(code, finding.get("blocking") is True)),
         change=build_change(finding.get("change")),
         impacts=impacts,
         impact_note=impact_note,

@@ -217,7 +217,14 @@ def assess(
     day = lab_day or lab_day_of(findings)
     found = [f for f in findings.get("findings") or [] if isinstance(f, Mapping)]
 
-    lab_side = [str(f.get("code")) for f in found if str(f.get("code", "")).startswith(LAB_SIDE_PREFIX)]
+    # Only a lab finding that stopped the job means the lab could not reproduce the
+    # configuration; preflight also records lab warnings (a slow link, clock skew, an
+    # unused node down) that change nothing about the engagement.
+    lab_side = [
+        str(f.get("code"))
+        for f in found
+        if str(f.get("code", "")).startswith(LAB_SIDE_PREFIX) and f.get("blocking") is True
+    ]
     if lab_side:
         lab_condition = Condition(
             "lab_side_failure",

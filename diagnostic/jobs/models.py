@@ -155,6 +155,7 @@ class Finding(models.Model):
             "evidence": self.evidence,
             "change": self.change,
             "impact": self.impact,
+            "blocking": self.blocking,
         }
 
 

@@ -72,11 +72,29 @@ def test_it_is_free_when_our_lab_could_not_reproduce_the_configuration(findings:
             "evidence": {},
             "change": {},
             "impact": None,
+            "blocking": True,
         }
     )
     decision = assess(document, as_of=ON_TIME)
     assert decision.eligible is True
     assert "lab.node_unreachable" in decision.reason
+
+
+def test_a_lab_warning_that_stopped_nothing_leaves_the_rule_to_the_improvements(
+    findings: dict[str, Any],
+) -> None:
+    document = copy.deepcopy(findings)
+    # Preflight's warnings: a slow data link, or a node the configuration does not use.
+    for code in ("lab.link_speed", "lab.node_unreachable"):
+        document["findings"].append(
+            {"code": code, "title": code, "evidence": {}, "change": {}, "impact": None, "blocking": False}
+        )
+    document["findings"].append({"code": "lab.clock_skew", "title": "skew", "evidence": {}, "change": {},
+                                 "impact": None})
+    decision = assess(document, as_of=ON_TIME)
+    assert decision.eligible is False
+    lab = next(c for c in decision.conditions if c.key == "lab_side_failure")
+    assert lab.holds is False
 
 
 def test_the_report_is_due_by_the_end_of_the_next_business_day() -> None:

@@ -315,3 +315,19 @@ def test_the_job_moving_on_after_the_report_keeps_the_version() -> None:
     without = report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision)
     document["job"]["wall_time_s"] += 100
     assert report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision) != without
+
+
+def test_a_lab_warning_reads_as_a_warning_and_a_blocking_lab_finding_as_ours(tmp_path: Path) -> None:
+    warning = {"code": "lab.link_speed", "title": "spark-04's data link runs at 25 Gbps", "evidence": {},
+               "change": {}, "impact": None, "blocking": False}
+    document = minimal_findings()
+    document["findings"].append(warning)
+    flat = squash(pdf_text(render(document, tmp_path / "w", customer=CUSTOMER, as_of=ISSUED).pdf_path,
+                           layout=False))
+    assert _has(flat, "It did not stop your configuration from being reproduced")
+    assert "could not reproduce the configuration (lab." not in flat
+    document["findings"][-1] = {**warning, "code": "lab.node_unreachable", "blocking": True,
+                                "title": "spark-05 refused SSH"}
+    flat = squash(pdf_text(render(document, tmp_path / "b", customer=CUSTOMER, as_of=ISSUED).pdf_path,
+                           layout=False))
+    assert _has(flat, "Our lab could not reproduce the configuration (lab.node_unreachable).")

@@ -10,6 +10,7 @@ left running for the stages after this one.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from diagnostic.jobs.context import StageContext, StopJob
@@ -22,6 +23,41 @@ LAUNCH_TIMEOUT_LAB_S = 3600.0
 MAX_SAMPLES_PER_NODE = 900
 LOG_TAIL_CHARS = 64 * 1024
 CRASH_TAIL_CHARS = 4000
+
+
+# vLLM's refusal to start when one request of max_model_len does not fit the KV cache, in
+# its V1 wording ("To serve at least one request with the models's max seq len (262144),
+# (24.0 GiB KV cache is needed, which is larger than the available KV cache memory (3.18
+# GiB). Based on the available memory, the estimated maximum model length is 34736. ...",
+# vllm-project/vllm#34076) and its V0 wording ("The model's max seq len (32768) is larger
+# than the maximum number of tokens that can be stored in KV cache (7344)", #2418).
+_KV_V1 = re.compile(
+    r"max seq len \((\d+)\),\s*\(?([\d.]+) GiB KV cache is needed, which is larger than the available "
+    r"KV cache memory \(([\d.]+) GiB\)(?:.*?estimated maximum model length is (\d+))?",
+    re.IGNORECASE,
+)
+_KV_V0 = re.compile(
+    r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache "
+    r"\((\d+)\)",
+    re.IGNORECASE,
+)
+
+
+def kv_budget_evidence(log_tail: str) -> dict[str, Any] | None:
+    """What the engine said when the KV cache could not hold one request of max_model_len:
+    the configured length, the memory needed and available, and the longest that fits."""
+    if m := _KV_V1.search(log_tail):
+        evidence: dict[str, Any] = {
+            "max_model_len": int(m[1]),
+            "kv_needed_gib": float(m[2]),
+            "kv_available_gib": float(m[3]),
+        }
+        if m[4]:
+            evidence["estimated_max_model_len"] = int(m[4])
+        return evidence
+    if m := _KV_V0.search(log_tail):
+        return {"max_model_len": int(m[1]), "estimated_max_model_len": int(m[2])}
+    return None
 
 
 def thin_samples(samples: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], int]:
@@ -54,6 +90,28 @@ def run(ctx: StageContext) -> dict[str, Any]:
     except LaunchFailed as exc:
         ctx.attach(f"engine log tail, {exc.node}", exc.log_tail)
         telemetry = _collect_telemetry(ctx, sampler_from)
+        kv = kv_budget_evidence(exc.log_tail)
+        if kv is not None:
+            # The configuration itself does not fit: the customer's to change, not our lab.
+            fits = kv.get("estimated_max_model_len")
+            change: dict[str, Any] = {
+                "note": "Free memory for the KV cache instead, if the context length matters more: a "
+                "higher serving.gpu_memory_utilization, an fp8 KV cache, or more nodes."
+            }
+            if fits:
+                change["config"] = {"serving.max_model_len": {"from": kv["max_model_len"], "to": fits}}
+            ctx.add_finding(
+                "load.kv_budget",
+                f"The KV cache cannot hold one request of {kv['max_model_len']:,} tokens, so the engine "
+                "refuses to start",
+                evidence={"node": exc.node, **kv},
+                change=change,
+                blocking=True,
+            )
+            raise StopJob(
+                f"reproduce: the configuration did not start on {exc.node}: its KV cache does not fit",
+                {"launched": False, "node": exc.node, "reason": exc.reason, **telemetry},
+            ) from exc
         ctx.add_finding(
             "lab.engine_crash",
             f"The engine did not start on {exc.node}: {exc.reason}",

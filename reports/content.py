@@ -110,12 +110,6 @@ WHY: dict[str, str] = {
         "receive. The delivered rate is what a client sees; the server's figure belongs beside it, never "
         "in its place."
     ),
-    "load.kv_budget": (
-        "The engine reserves KV cache for at least one request of the full context length before it "
-        "serves anything. When that does not fit beside the weights, it exits during start-up, on every "
-        "start, so the configuration cannot serve at all until the context length or the memory budget "
-        "changes."
-    ),
     "lab.node_unreachable": (
         "A node of our lab could not be reached, so the configuration could not be reproduced in full on "
         "our side. Under the money-back rule the engagement is free."
@@ -405,6 +399,19 @@ def lab_description(job: Mapping[str, Any]) -> tuple[str, str]:
     )
 
 
+NODE_TYPES = {"dgx-spark": "DGX Spark", "gb10": "GB10"}
+
+
+def node_type_label(node_type: Any) -> str:
+    """The machine's name as people write it: `dgx-spark` -> DGX Spark; others as given."""
+    return NODE_TYPES.get(str(node_type), str(node_type)) if node_type else "nodes"
+
+
+def _gbps(value: Any) -> str:
+    number = as_number(value)
+    return f"{fig.number(number)} Gbps" if number is not None else "? Gbps"
+
+
 def config_rows(config: Mapping[str, Any]) -> list[Row]:
     """The customer's configuration as it was reproduced, one line per concern."""
     rows: list[Row] = []
@@ -420,8 +427,8 @@ def config_rows(config: Mapping[str, Any]) -> list[Row]:
         rows.append(
             Row(
                 "Cluster",
-                f"{cluster.get('nodes', '?')} \u00d7 {cluster.get('node_type', '?')}, "
-                f"{cluster.get('link_gbps', '?')} Gbps data link",
+                f"{cluster.get('nodes', '?')} \u00d7 {node_type_label(cluster.get('node_type'))}, "
+                f"{_gbps(cluster.get('link_gbps'))} data link",
             )
         )
     par = config.get("parallel") or {}
@@ -706,7 +713,8 @@ def build_report(
 
     model_name = str((config.get("model") or {}).get("id", "")).rsplit("/", 1)[-1]
     cluster = config.get("cluster") or {}
-    nodes = f"{cluster['nodes']} \u00d7 DGX Spark" if cluster.get("nodes") else ""
+    machine = node_type_label(cluster.get("node_type"))
+    nodes = f"{cluster['nodes']} \u00d7 {machine}" if cluster.get("nodes") else ""
     notices = []
     if findings.get("schema") != "diagnostic.findings/1":
         notices.append(

@@ -684,6 +684,23 @@ def money_back_view(money: MoneyBackDecision, tz: dt.tzinfo) -> MoneyBackView:
 # --------------------------------------------------------------------------- entry point
 
 
+def stopped_early(job: Mapping[str, Any]) -> str:
+    """A sentence saying that the diagnostic stopped before some stages, and why ("" when
+    every stage ran). The job records skipped stages as cancelled, "not run: <reason>"."""
+    skipped = [
+        s for s in job.get("stages") or []
+        if isinstance(s, Mapping) and str(s.get("message") or "").startswith("not run: ")
+    ]
+    if not skipped:
+        return ""
+    reason = str(skipped[0]["message"]).removeprefix("not run: ")
+    names = ", ".join(str(s.get("name")) for s in skipped)
+    return (
+        f"The diagnostic stopped early ({reason}), so these stages did not run: {names}. Section 2 says "
+        "what stopped it."
+    )
+
+
 def build_report(
     findings: Mapping[str, Any],
     *,
@@ -716,6 +733,9 @@ def build_report(
     machine = node_type_label(cluster.get("node_type"))
     nodes = f"{cluster['nodes']} \u00d7 {machine}" if cluster.get("nodes") else ""
     notices = []
+    stopped = stopped_early(findings.get("job") or {})
+    if stopped:
+        notices.append(stopped)
     if findings.get("schema") != "diagnostic.findings/1":
         notices.append(
             f"Findings schema {findings.get('schema')!r}; this report reads diagnostic.findings/1."

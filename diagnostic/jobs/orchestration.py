@@ -10,7 +10,10 @@ synchronous loop the diagnose command and eager mode use.
 Guarantees: a stage that succeeded never runs again; a retried stage starts from its
 beginning (its findings are saved only with its success); a stage that used up its
 attempts is quarantined with a message saying so; a cancel request is honoured between
-stages and, through the heartbeat, during one.
+stages and, through the heartbeat, during one. A stage that stops the job (StopJob: the
+lab cannot run the configuration) succeeds with the reason in its result; the stages after
+it are skipped ("not run: <reason>") except the report, which still says what stopped the
+job and whether the engagement is free; the job then ends failed with that reason.
 """
 
 from __future__ import annotations
@@ -148,6 +151,10 @@ class Heartbeat:
                         extra={"stage_id": self.stage_id})
 
 
+# The key a stage's result carries when the stage stopped the job, with the reason.
+STOPPED_JOB = "stopped_job"
+
+
 class Verdict(enum.Enum):
     SUCCEEDED = "succeeded"
     STOP_JOB = "stop_job"
@@ -207,6 +214,10 @@ def orchestrate(
             if max_stages is not None and ran >= max_stages:
                 return Outcome(Next.MORE)
             spec = lookup(stage.name)
+            stopped = _stop_reason(job)
+            if stopped is not None and not (spec is not None and spec.after_stop):
+                _skip(stage, stopped)
+                continue
             claim = leases.claim_stage(
                 stage.pk, owner=owner, lease_s=settings.DIAG_STAGE_LEASE_S,
                 max_attempts=settings.DIAG_MAX_STAGE_ATTEMPTS,
@@ -228,7 +239,10 @@ def orchestrate(
             if end.verdict is Verdict.LEASE_LOST:
                 return Outcome(Next.ELSEWHERE, message=end.message)
             if end.verdict is Verdict.STOP_JOB:
-                return _stop(job, JobStatus.FAILED, end.message)
+                # The stages after it are skipped as the loop reaches them (the stop is read
+                # back from the database, so a worker taking over later does the same), except
+                # those that run after a stop: the report.
+                continue
             if end.verdict is Verdict.CANCELLED:
                 return _cancel(job)
             if end.verdict is Verdict.TRANSIENT:
@@ -285,6 +299,8 @@ def _run_claimed(
     if verdict is Verdict.CANCELLED and not _cancel_requested(job):
         verdict = Verdict.FAILED  # a stage raising StageCancelled on its own is a bug
 
+    if verdict is Verdict.STOP_JOB:
+        result = {**result, STOPPED_JOB: message}
     if verdict in (Verdict.SUCCEEDED, Verdict.STOP_JOB):
         if not _complete(ctx, result, lab_seconds, message):
             return StageEnd(Verdict.LEASE_LOST, f"lease of {stage.name} was taken over")
@@ -374,7 +390,27 @@ def _stop(job: DiagnosticJob, status: str, reason: str) -> Outcome:
     return _end_job(job, status, reason)
 
 
+def _stop_reason(job: DiagnosticJob) -> str | None:
+    """Why a stage stopped the job, when one did: its result records the reason."""
+    for result in job.stage_runs.filter(status=StageStatus.SUCCEEDED).values_list("result", flat=True):
+        if isinstance(result, dict) and result.get(STOPPED_JOB):
+            return str(result[STOPPED_JOB])
+    return None
+
+
+def _skip(stage: StageRun, reason: str) -> None:
+    StageRun.objects.filter(pk=stage.pk, status__in=[StageStatus.PENDING, StageStatus.RUNNING]).update(
+        status=StageStatus.CANCELLED,
+        status_message=f"not run: {reason}",
+        lease_owner="",
+        lease_expires_at=None,
+    )
+
+
 def _finish(job: DiagnosticJob) -> Outcome:
+    stopped = _stop_reason(job)
+    if stopped is not None:
+        return _end_job(job, JobStatus.FAILED, stopped)
     statuses = set(job.stage_runs.values_list("status", flat=True))
     if statuses <= {StageStatus.SUCCEEDED}:
         return _end_job(job, JobStatus.SUCCEEDED, "")

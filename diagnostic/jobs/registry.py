@@ -26,13 +26,16 @@ class Stage:
     run: StageFn
     # A required stage that fails ends the job: nothing after it can be trusted.
     required: bool
+    # Runs even after a stage stopped the job (StopJob): the report still says what stopped
+    # it, and whether the engagement is free.
+    after_stop: bool = False
 
 
 CORE_BEFORE = (
     Stage("preflight", preflight.run, required=True),
     Stage("reproduce", reproduce.run, required=True),
 )
-CORE_AFTER = (Stage("report", report.run, required=True),)
+CORE_AFTER = (Stage("report", report.run, required=True, after_stop=True),)
 
 PIPELINE_STAGES: dict[str, StageFn] = {}
 

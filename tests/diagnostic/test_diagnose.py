@@ -27,6 +27,7 @@ from lab.sim.lab import SimLab
 from reports.report import render
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO, REPO
 from tests.diagnostic.doubles import fast_scenario
+from tests.reports.conftest import pdf_text, squash
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -103,9 +104,13 @@ def test_a_configuration_whose_kv_cache_does_not_fit_is_the_customers_finding_wi
     out = tmp_path / "out"
     with pytest.raises(CommandError, match=r"job \S+ failed: reproduce: the configuration did not start"):
         call_command("diagnose", "--config", str(REFERENCE_CONFIG), "--lab", f"sim:{scenario}",
-                     "--out", str(out), "--stages", "preflight,reproduce,report", stdout=io.StringIO())
+                     "--out", str(out), "--stages", "preflight,reproduce,measure,report",
+                     stdout=io.StringIO())
     document = json.loads((out / "findings.json").read_text())
     validate_findings(document)
+    assert [(s["name"], s["status"]) for s in document["job"]["stages"]] == [
+        ("preflight", "succeeded"), ("reproduce", "succeeded"), ("measure", "cancelled"),
+        ("report", "succeeded")]
     (finding,) = document["findings"]
     # Not our lab's failure (lab.engine_crash would make the engagement free on our account):
     # the configuration's context does not fit, and the engine said what would.
@@ -117,6 +122,12 @@ def test_a_configuration_whose_kv_cache_does_not_fit_is_the_customers_finding_wi
     assert 0 < fits < 262144
     assert finding["change"]["config"] == {"serving.max_model_len": {"from": 262144, "to": fits}}
     assert Finding.objects.get(code="load.kv_budget").blocking
+    # The written report still goes out: what stopped the job, the fix, and that it is free.
+    text = squash(pdf_text(out / "report.pdf", layout=False))
+    assert "The diagnostic stopped early (reproduce: the configuration did not start" in text
+    assert "these stages did not run: measure" in text
+    assert f"serving.max_model_len: {fits}" in text
+    assert document["money_back"]["eligible"] is True
 
 
 def test_it_refuses_a_configuration_with_an_error_naming_the_field(tmp_path: Path, db: None) -> None:

@@ -7,6 +7,7 @@ lab, so the session factory refuses to open one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,7 +170,7 @@ def test_a_non_transient_lab_error_is_not_retried(make_job: MakeJob, probe: Call
     assert stage(job, "probe").status == "failed"
 
 
-def test_a_stage_that_stops_the_job_keeps_its_findings_and_cancels_the_rest(
+def test_a_stage_that_stops_the_job_keeps_its_findings_skips_the_rest_and_still_reports(
     make_job: MakeJob, probe: Callable[..., Probe]
 ) -> None:
     def stop(ctx: StageContext) -> None:
@@ -177,17 +178,42 @@ def test_a_stage_that_stops_the_job_keeps_its_findings_and_cancels_the_rest(
         raise StopJob("preflight-like stop: spark-05 is down", {"blocking": ["lab.node_unreachable"]})
 
     probe(stop)
-    job = make_job(["probe", "report"])
+    later = probe(name="later")
+    job = make_job(["probe", "later", "report"])
     orchestrate(str(job.pk), no_lab)
     job.refresh_from_db()
     assert job.status == "failed"
     assert job.status_message == "preflight-like stop: spark-05 is down"
     assert stage(job, "probe").status == "succeeded"
-    assert stage(job, "probe").result == {"blocking": ["lab.node_unreachable"]}
+    assert stage(job, "probe").result == {
+        "blocking": ["lab.node_unreachable"], "stopped_job": "preflight-like stop: spark-05 is down"}
     assert Finding.objects.get(job=job, code="lab.node_unreachable").blocking
-    assert stage(job, "report").status == "cancelled"
+    assert later.calls == 0
+    assert stage(job, "later").status == "cancelled"
+    assert stage(job, "later").status_message == "not run: preflight-like stop: spark-05 is down"
+    # The customer still gets the written report: what stopped the job, and that it is free.
+    report = stage(job, "report")
+    assert report.status == "succeeded"
+    assert Path(report.result["report_pdf"]).is_file()
     validate_findings(job.findings)
     assert [f["code"] for f in job.findings["findings"]] == ["probe.seen", "lab.node_unreachable"]
+    assert job.findings["money_back"]["eligible"] is True
+
+
+def test_a_stop_is_honoured_by_a_worker_that_takes_over_after_it(
+    make_job: MakeJob, probe: Callable[..., Probe]
+) -> None:
+    probe(StopJob("stopped by the first worker"))
+    later = probe(name="later")
+    job = make_job(["probe", "later", "report"])
+    # The first worker ran only the stopping stage, then went away.
+    assert orchestrate(str(job.pk), no_lab, max_stages=1).next is Next.MORE
+    assert stage(job, "later").status == "pending"
+    orchestrate(str(job.pk), no_lab)
+    job.refresh_from_db()
+    assert later.calls == 0
+    assert (stage(job, "later").status, stage(job, "report").status) == ("cancelled", "succeeded")
+    assert (job.status, job.status_message) == ("failed", "stopped by the first worker")
 
 
 def test_cancel_between_stages_stops_the_job(make_job: MakeJob, probe: Callable[..., Probe]) -> None:

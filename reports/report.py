@@ -83,15 +83,16 @@ def report_digest(
     # itself is digested here, so the copy is left out and writing it back changes nothing.
     said = {k: v for k, v in findings.items() if k != "money_back"}
     # The job's bookkeeping moves on after the report stage (its status, its stages, the
-    # time spent), and the report prints none of it, so the findings.json written when the
-    # job ends still gives the version of the report it carries. The lab and wall time
-    # stay in when they are what the report's dilation estimate is made from.
+    # time spent), so only what the report prints of it counts, and the findings.json written
+    # when the job ends still gives the version of the report it carries: the stages it
+    # says were skipped, and the lab and wall time when the dilation estimate is made from them.
     job = said.get("job")
     if isinstance(job, Mapping):
         moving = {"status", "status_message", "stages", "finished_at"}
         if any(as_number(job.get(k)) for k in content.DILATION_KEYS):
             moving |= {"lab_time_s", "wall_time_s"}
         said["job"] = {k: v for k, v in job.items() if k not in moving}
+        said["job"]["stopped_early"] = content.stopped_early(job)
     canonical = json.dumps(
         {
             "findings": said,

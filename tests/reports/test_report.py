@@ -331,3 +331,12 @@ def test_a_lab_warning_reads_as_a_warning_and_a_blocking_lab_finding_as_ours(tmp
     flat = squash(pdf_text(render(document, tmp_path / "b", customer=CUSTOMER, as_of=ISSUED).pdf_path,
                            layout=False))
     assert _has(flat, "Our lab could not reproduce the configuration (lab.node_unreachable).")
+
+
+def test_the_stages_a_stopped_job_skipped_are_part_of_the_version() -> None:
+    document = minimal_findings()
+    decision = assess(document, as_of=ISSUED)
+    ran = report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision)
+    skipped = {"name": "measure", "status": "cancelled", "message": "not run: preflight: down"}
+    document["job"]["stages"] = [skipped]
+    assert report_digest(document, customer=CUSTOMER, lab_day=None, money_back=decision) != ran

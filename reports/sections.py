@@ -701,7 +701,7 @@ def _run_cells(run: Mapping[str, Any] | None, flags: tuple[bool, bool]) -> list[
         return ["", "", "", "", ""]
     delivered = fig.number(run["tokens"]) if as_number(run.get("tokens")) is not None else ""
     ttft, decode = as_number(run.get("ttft_s")), as_number(run.get("decode_tps"))
-    if decode is None and _unrated(run):
+    if _unrated(run):
         return [delivered, "", "abandoned" if run.get("abandoned") else "failed", "", ""]
     mark = [" *" if flagged else "" for flagged in flags]
     return [
@@ -749,13 +749,12 @@ def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
             if isinstance(block, Mapping) and runs:
                 label = _config_label(findings, before, section, block)
                 slow = _flagged_runs((block.get("ttft") or {}).get("outliers"), runs)
-                label = label[0].upper() + label[1:]
-                columns.append((label, runs, slow, _flagged_runs(block.get("outliers"), runs)))
+                odd = _flagged_runs(block.get("outliers"), runs)
+                columns.append((label[0].upper() + label[1:], runs, slow, odd))
         if not columns:
             continue
         any_outlier = any_outlier or any(ttft or decode for _, _, ttft, decode in columns)
-        unrated = [(workload, r) for c in columns for r in c[1] if _unrated(r)]
-        failures += unrated
+        failures += [(workload, r) for c in columns for r in c[1] if _unrated(r)]
         rows = []
         for idx in range(max(len(c[1]) for c in columns)):
             first = columns[0][1][idx] if idx < len(columns[0][1]) else {}

@@ -12,8 +12,7 @@ from diagnostic.jobs.findings import findings_schema
 from diagnostic.pipelines.client import EndpointError, StreamClient
 from diagnostic.pipelines.measure import MeasurementError, compare, measure_endpoint, measure_on_session
 from lab.session import LogChunk
-
-from .sse_server import ServerPlan, StreamServer, serving
+from tests.diagnostic.pipelines.sse_server import ServerPlan, StreamServer, serving
 
 
 def _measure(server: StreamServer, tokenizer: Path | None, **kw: Any) -> dict[str, Any]:

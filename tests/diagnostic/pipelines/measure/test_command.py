@@ -18,10 +18,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from diagnostic.pipelines.management.commands.measure import Command
+from tests.diagnostic.pipelines.sse_server import ServerPlan, serving
 
-from .sse_server import ServerPlan, serving
-
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 GUIDELLM = ROOT / "out" / "bench-venv" / "bin" / "guidellm"
 
 

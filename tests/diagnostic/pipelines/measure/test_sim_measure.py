@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from diagnostic.pipelines.measure import measure_endpoint
-
-from . import simlab
+from tests.diagnostic.pipelines import simlab
 
 
 def _measure(sim: Any, **kw: Any) -> dict[str, Any]:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from diagnostic.jobs.labaccess import LabAccess
 from diagnostic.jobs.models import DiagnosticJob, StageRun
+from diagnostic.pipelines.changes import apply_changes
 from lab.session import LabSession
 
 # The stage log keeps its beginning and its end when it grows beyond this; the middle of
@@ -82,10 +84,29 @@ class StageContext:
     _last_write: float = 0.0
 
     @property
-    def config(self) -> dict[str, Any]:
-        """The normalized customer configuration (diagnostic.config/1)."""
+    def customer_config(self) -> dict[str, Any]:
+        """The normalized customer configuration (diagnostic.config/1), as submitted."""
         normalized: dict[str, Any] = self.job.config.normalized
         return normalized
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """The configuration this stage works on: the customer's, with every change the earlier
+        stages of this job proved (their results' `config_changes`) applied in stage order, so
+        that a later pipeline starts from what the earlier ones fixed and restarts are cheap."""
+        changes = self.earlier_changes()
+        return apply_changes(self.customer_config, changes) if changes else self.customer_config
+
+    def earlier_changes(self) -> list[dict[str, Any]]:
+        """The proved configuration changes of the stages before this one that succeeded."""
+        rows = StageRun.objects.filter(
+            job=self.job, order__lt=self.stage.order, status=StageRun.Status.SUCCEEDED
+        ).order_by("order").values_list("result", flat=True)
+        changes: list[dict[str, Any]] = []
+        for result in rows:
+            if isinstance(result, dict):
+                changes.extend(c for c in result.get("config_changes") or [] if isinstance(c, dict))
+        return changes
 
     @property
     def seed(self) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,9 +34,19 @@ def test_it_is_not_permitted_for_an_unprivileged_user() -> None:
     python = Path("/usr/bin/python3")
     if os.geteuid() != 0 or not python.exists():
         pytest.skip("needs root (to become nobody) and /usr/bin/python3")
-    res = subprocess.run([str(python), str(AGENT_PATH), "drop-caches", "--json"],
-                         capture_output=True, text=True, user=NOBODY, group=NOBODY,
-                         extra_groups=[], cwd="/")
+    # The checkout may sit in a directory nobody cannot enter (a private temp or home
+    # directory): run a copy of the agent from a folder everyone can read.
+    public = Path(tempfile.mkdtemp(prefix="diag-agent-", dir="/tmp"))
+    try:
+        public.chmod(0o755)
+        agent = public / "agent.py"
+        shutil.copyfile(AGENT_PATH, agent)
+        agent.chmod(0o644)
+        res = subprocess.run([str(python), str(agent), "drop-caches", "--json"],
+                             capture_output=True, text=True, user=NOBODY, group=NOBODY,
+                             extra_groups=[], cwd="/")
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
     envelope = json.loads(res.stdout)
     validate_response(envelope)
     assert res.returncode == 1

@@ -1,0 +1,101 @@
+"""The house reads top-down: which package may import which (STYLE.md, "Dependency direction").
+
+`lab` reaches labs and knows nothing of Django or the platform; `reports` presents
+findings-shaped data and knows nothing of `diagnostic`; the pipelines and the report never
+see the simulator, so a diagnosis cannot be right only because it peeked. Each rule scans
+the import statements (top-level and inside functions alike) of every module it covers.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _modules(package: str, *, skip: tuple[str, ...] = (), root: Path = ROOT) -> Iterator[Path]:
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if any(rel.startswith(s) for s in skip):
+            continue
+        yield path
+
+
+def imported_names(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
+    """Every module an import statement in `path` names, with its line (relative imports
+    resolved against the module's own package)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = path.relative_to(root).with_suffix("").parts[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            else:
+                module = node.module or ""
+            yield node.lineno, module
+            for alias in node.names:
+                yield node.lineno, f"{module}.{alias.name}"
+
+
+def _hits(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+RULES = [
+    # (modules scanned, skipped paths, forbidden prefixes, why)
+    ("lab", ("lab/sim/",), ("django", "diagnostic", "reports", "lab.sim"),
+     "lab reaches labs without Django or the platform; only lab/sim and tests import the simulator"),
+    ("lab/sim", (), ("django", "diagnostic", "reports"), "the simulator is part of lab"),
+    ("reports", (), ("diagnostic", "lab.sim"), "reports present findings-shaped data only"),
+    ("diagnostic/pipelines", ("diagnostic/pipelines/apps.py", "diagnostic/pipelines/management/"),
+     ("django", "diagnostic.jobs", "diagnostic.bookings", "diagnostic.portal", "diagnostic.staff",
+      "reports", "lab.sim"),
+     "pipelines are plain Python over a lab session and learn only from evidence"),
+    ("diagnostic", ("diagnostic/pipelines/",), ("lab.sim",),
+     "the platform reaches the simulated lab only through its interfaces (SSH, HTTP)"),
+]
+
+
+def _violations(
+    package: str, skip: tuple[str, ...], forbidden: tuple[str, ...], root: Path = ROOT
+) -> list[str]:
+    found = []
+    for path in _modules(package, skip=skip, root=root):
+        for line, name in imported_names(path, root):
+            if any(_hits(name, prefix) for prefix in forbidden):
+                found.append(f"{path.relative_to(root)}:{line} imports {name}")
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize(("package", "skip", "forbidden", "why"), RULES, ids=[r[0] for r in RULES])
+def test_imports_run_one_way(
+    package: str, skip: tuple[str, ...], forbidden: tuple[str, ...], why: str
+) -> None:
+    assert _violations(package, skip, forbidden) == [], why
+
+
+def test_lab_config_is_a_leaf_of_the_engines_layer() -> None:
+    found = [name for _, name in imported_names(ROOT / "lab" / "config.py") if _hits(name, "lab.engines")]
+    assert found == [], "lab/config.py is the configuration's vocabulary; lab.engines builds on it"
+
+
+def test_the_scan_sees_imports_inside_functions_and_relative_ones(tmp_path: Path) -> None:
+    (tmp_path / "reports" / "sub").mkdir(parents=True)
+    module = tmp_path / "reports" / "sub" / "probe.py"
+    module.write_text("def f():\n    from diagnostic.pipelines import claim\n    import lab.sim.engine\n"
+                      "    from ..x import y\n")
+    names = {name for _, name in imported_names(module, tmp_path)}
+    assert {"diagnostic.pipelines.claim", "lab.sim.engine", "reports.x.y"} <= names
+    assert _violations("reports", (), ("diagnostic", "lab.sim"), tmp_path) == [
+        "reports/sub/probe.py:2 imports diagnostic.pipelines",
+        "reports/sub/probe.py:2 imports diagnostic.pipelines.claim",
+        "reports/sub/probe.py:3 imports lab.sim.engine",
+    ]

@@ -1,8 +1,7 @@
-"""Django app registration for jobs; imports every installed app's `stages` module so
-that pipeline stages register before a job is planned."""
+"""Django app registration for jobs; loads the stage adapters once the models are ready,
+so that a broken adapter fails at start-up rather than at a job's first stage."""
 
 from django.apps import AppConfig
-from django.utils.module_loading import autodiscover_modules
 
 
 class JobsConfig(AppConfig):
@@ -11,4 +10,6 @@ class JobsConfig(AppConfig):
     verbose_name = "Diagnostic jobs"
 
     def ready(self) -> None:
-        autodiscover_modules("stages")
+        from diagnostic.jobs.registry import load_adapters
+
+        load_adapters()

@@ -1,8 +1,9 @@
-"""The stages a diagnostic job runs, in order: preflight, reproduce, the pipeline stages
-registered here, then report.
+"""The stages a diagnostic job runs, in the order declared here (STAGE_ORDER).
 
-A pipeline adds itself with `register_pipeline_stage("fp4", run_fp4)` from a module
-that is imported at start-up: an installed app's `stages.py` is (see JobsConfig.ready).
+The core stages (preflight, reproduce, report) register below; each pipeline stage has an
+adapter module in `diagnostic.jobs.stages` named after it, which registers with
+`register_stage("fp4", run)`. The registry imports those adapters itself (load_adapters),
+so which stages exist and in what order never depends on the order apps are imported.
 A stage is a callable taking a StageContext and returning a JSON-serialisable result
 dict; a result's `sections` mapping fills the findings.json sections of the same name
 (`cold_start`, `fp4`, `speculative`, `measurement`).
@@ -12,12 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
 
 from diagnostic.jobs import preflight, report, reproduce
 from diagnostic.jobs.context import StageContext
 
 StageFn = Callable[[StageContext], dict[str, Any]]
+
+# Every stage a job can run, in the order it runs them. A stage whose adapter is not
+# built yet is simply absent from a job's plan; a name outside this list cannot register.
+STAGE_ORDER = ("preflight", "reproduce", "triage", "fp4", "specdec", "measure", "report")
+ADAPTER_PACKAGE = "diagnostic.jobs.stages"
 
 
 @dataclass(frozen=True)
@@ -31,53 +38,84 @@ class Stage:
     after_stop: bool = False
 
 
-CORE_BEFORE = (
-    Stage("preflight", preflight.run, required=True),
-    Stage("reproduce", reproduce.run, required=True),
-)
-CORE_AFTER = (Stage("report", report.run, required=True, after_stop=True),)
-
-PIPELINE_STAGES: dict[str, StageFn] = {}
-
-
 class UnknownStage(ValueError):
     """A stage selection naming a stage that does not exist; lists the accepted ones."""
 
 
-def register_pipeline_stage(name: str, fn: StageFn) -> StageFn:
-    """Add a pipeline stage; it runs after reproduce, in registration order."""
-    core = {s.name for s in (*CORE_BEFORE, *CORE_AFTER)}
-    if name in core:
-        raise ValueError(f"stage name {name!r} is taken by a core stage; choose another")
-    existing = PIPELINE_STAGES.get(name)
-    if existing is not None and existing is not fn:
-        raise ValueError(f"stage {name!r} is already registered by {existing.__module__}")
-    PIPELINE_STAGES[name] = fn
-    return fn
+class StageRegistry:
+    """The stages registered under a declared order; lists them in that order."""
+
+    def __init__(self, order: Iterable[str]) -> None:
+        self.order = tuple(order)
+        self._stages: dict[str, Stage] = {}
+
+    def register(self, name: str, run: StageFn, *, required: bool = False,
+                 after_stop: bool = False) -> StageFn:
+        if name not in self.order:
+            raise ValueError(
+                f"stage {name!r} is not in the declared stage order; accepted: {', '.join(self.order)}"
+            )
+        existing = self._stages.get(name)
+        if existing is not None and existing.run is not run:
+            raise ValueError(f"stage {name!r} is already registered by {existing.run.__module__}")
+        self._stages[name] = Stage(name, run, required=required, after_stop=after_stop)
+        return run
+
+    def stages(self) -> list[Stage]:
+        return [self._stages[name] for name in self.order if name in self._stages]
+
+    def lookup(self, name: str) -> Stage | None:
+        return self._stages.get(name)
+
+    def select(self, names: Iterable[str] | None) -> list[Stage]:
+        """The stages to run, in the declared order; None means all of them. An unknown
+        name is an error listing the accepted ones."""
+        stages = self.stages()
+        if names is None:
+            return stages
+        accepted = ", ".join(s.name for s in stages)
+        wanted = [n.strip() for n in names if n.strip()]
+        for name in wanted:
+            if name in self._stages:
+                continue
+            if name in self.order:
+                raise UnknownStage(f"stage {name!r} is not available in this build; accepted: {accepted}")
+            raise UnknownStage(f"unknown stage {name!r}; accepted: {accepted}")
+        if not wanted:
+            raise UnknownStage(f"no stage selected; accepted: {accepted}")
+        return [s for s in stages if s.name in wanted]
+
+
+REGISTRY = StageRegistry(STAGE_ORDER)
+
+
+def register_stage(name: str, run: StageFn, *, required: bool = False, after_stop: bool = False) -> StageFn:
+    """Add a stage under its declared name. Pipeline stages are optional (a failure is
+    recorded and the job goes on); only core stages are required."""
+    return REGISTRY.register(name, run, required=required, after_stop=after_stop)
+
+
+def load_adapters() -> None:
+    """Import the stage adapter package, which imports the adapter of every declared
+    stage that exists; importing it again does nothing."""
+    import_module(ADAPTER_PACKAGE)
 
 
 def all_stages() -> list[Stage]:
-    pipeline = [Stage(name, fn, required=False) for name, fn in PIPELINE_STAGES.items()]
-    return [*CORE_BEFORE, *pipeline, *CORE_AFTER]
+    load_adapters()
+    return REGISTRY.stages()
 
 
 def lookup(name: str) -> Stage | None:
-    return next((s for s in all_stages() if s.name == name), None)
+    load_adapters()
+    return REGISTRY.lookup(name)
 
 
 def select_stages(names: Iterable[str] | None) -> list[Stage]:
-    """The stages to run, in their fixed order; None means all of them. An unknown name
-    is an error listing the accepted ones."""
-    stages = all_stages()
-    if names is None:
-        return stages
-    wanted = [n.strip() for n in names if n.strip()]
-    known = {s.name for s in stages}
-    unknown = [n for n in wanted if n not in known]
-    if unknown:
-        raise UnknownStage(
-            f"unknown stage {unknown[0]!r}; accepted: {', '.join(s.name for s in stages)}"
-        )
-    if not wanted:
-        raise UnknownStage(f"no stage selected; accepted: {', '.join(s.name for s in stages)}")
-    return [s for s in stages if s.name in wanted]
+    load_adapters()
+    return REGISTRY.select(names)
+
+
+register_stage("preflight", preflight.run, required=True)
+register_stage("reproduce", reproduce.run, required=True)
+register_stage("report", report.run, required=True, after_stop=True)

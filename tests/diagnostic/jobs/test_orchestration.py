@@ -1,7 +1,8 @@
 """Orchestration of a job's stages: order, retries, quarantine, cancel, and what is kept.
 
-The stages here are small pipeline stages registered for the test; they never touch the
-lab, so the session factory refuses to open one.
+The stages here are small pipeline stages registered for the test, under a declared order
+extended with their names; they never touch the lab, so the session factory refuses to
+open one.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from typing import Any
 
 import pytest
 
+from diagnostic.jobs import registry
 from diagnostic.jobs.context import StageContext, StopJob
 from diagnostic.jobs.findings import validate_findings
 from diagnostic.jobs.models import DiagnosticJob, Finding, Measurement, StageRun
 from diagnostic.jobs.orchestration import Next, orchestrate, retry_countdown, run_until_done
-from diagnostic.jobs.registry import PIPELINE_STAGES, UnknownStage, register_pipeline_stage, select_stages
+from diagnostic.jobs.registry import StageFn, StageRegistry, UnknownStage, select_stages
 from lab.session import LabError, NodeUnreachable
 from tests.diagnostic.doubles import no_lab
 
@@ -43,11 +45,25 @@ class Probe:
         return {"call": self.calls}
 
 
+def add_test_stage(monkeypatch: pytest.MonkeyPatch, name: str, run: StageFn) -> None:
+    """Swap in a registry whose declared order has `name` just before report, holding
+    every other stage registered so far and `run` under that name; undone after the test."""
+    registry.load_adapters()
+    current = registry.REGISTRY
+    order = [n for n in current.order if n not in (name, "report")]
+    scratch = StageRegistry([*order, name, "report"])
+    for stage in current.stages():
+        if stage.name != name:
+            scratch.register(stage.name, stage.run, required=stage.required, after_stop=stage.after_stop)
+    scratch.register(name, run)
+    monkeypatch.setattr(registry, "REGISTRY", scratch)
+
+
 @pytest.fixture
 def probe(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Probe]:
     def register(*outcomes: Any, name: str = "probe") -> Probe:
         stage = Probe(*outcomes)
-        monkeypatch.setitem(PIPELINE_STAGES, name, stage)
+        add_test_stage(monkeypatch, name, stage)
         return stage
 
     return register
@@ -307,7 +323,7 @@ def test_sections_come_from_stage_results_and_missing_ones_stay_null(
                                      "backend_after": "cutlass",
                                      "canary_pass_rate": {"before": 0.05, "after": 1.0}}}}
 
-    monkeypatch.setitem(PIPELINE_STAGES, "fp4-test", with_fp4)
+    add_test_stage(monkeypatch, "fp4-test", with_fp4)
     job = make_job(["fp4-test", "report"])
     orchestrate(str(job.pk), no_lab)
     job.refresh_from_db()
@@ -320,16 +336,6 @@ def test_sections_come_from_stage_results_and_missing_ones_stay_null(
     assert "No finding shows a measured improvement" in document["money_back"]["reason"]
     assert document["job"]["id"] == str(job.pk)
     assert [s["name"] for s in document["job"]["stages"]] == ["fp4-test", "report"]
-
-
-def test_pipeline_stages_run_between_reproduce_and_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("diagnostic.jobs.registry.PIPELINE_STAGES", {})
-    register_pipeline_stage("fp4", Probe())
-    register_pipeline_stage("measure", Probe())
-    assert [s.name for s in select_stages(None)] == ["preflight", "reproduce", "fp4", "measure", "report"]
-    assert [s.name for s in select_stages(["report", "fp4"])] == ["fp4", "report"]
-    with pytest.raises(ValueError, match="taken by a core stage"):
-        register_pipeline_stage("report", Probe())
 
 
 def test_selecting_an_unknown_stage_lists_the_accepted_ones() -> None:

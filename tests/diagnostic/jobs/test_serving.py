@@ -16,7 +16,7 @@ from diagnostic.bookings.models import Lab
 from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.labaccess import LabAccess
 from diagnostic.jobs.models import DiagnosticJob
-from diagnostic.pipelines.stages import ensure_serving
+from diagnostic.jobs.stages.serving import ensure_serving
 from lab.session import LabSession
 from lab.sim.lab import SimLab
 from tests.diagnostic.conftest import REFERENCE_SCENARIO

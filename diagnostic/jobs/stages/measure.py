@@ -1,45 +1,19 @@
-"""The pipeline stages a diagnostic job runs after `reproduce`, registered with the job
-registry at start-up (diagnostic.jobs discovers every installed app's `stages.py`).
-
-Each stage is a thin adapter: it makes sure the customer's configuration is serving,
-calls the plain pipeline code with the lab session, and records what it found.
-"""
+"""The measure stage: delivered throughput of the customer's configuration, per workload
+(METHODOLOGY.md, "Measurement"), recorded as measurements and findings of the job."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from diagnostic.jobs.context import StageContext
-from diagnostic.jobs.registry import register_pipeline_stage
+from diagnostic.jobs.registry import register_stage
+from diagnostic.jobs.stages.serving import ensure_serving
 from diagnostic.pipelines.measure import measure_on_session
 
-# A configuration that is not serving (the stage is a retry on a fresh worker, the engine
-# died since reproduce, or another job used the lab meanwhile) is started again warm: the
-# cold start was reproduce's job.
-RELAUNCH_TIMEOUT_LAB_S = 3600.0
 CUSTOMER = "customer"
 
 
-def ensure_serving(ctx: StageContext) -> None:
-    """Make sure the engine we measure runs the customer's configuration.
-
-    A healthy /health is not enough: after another job used the lab, the engine answering
-    may run a different configuration. The nodes say which launch spec their engine was
-    started from; anything but this configuration's specs is stopped and ours relaunched.
-    """
-    session = ctx.session
-    state = session.serving_state(ctx.config)
-    if state.serving:
-        return
-    why = ("a different configuration is serving" if state.other_configuration
-           else "the configuration is not serving")
-    ctx.log(f"{why} ({state.reason}); stopping whatever runs and starting ours again (warm)")
-    ctx.progress(2, f"{why}; starting it again (warm)")
-    session.launch(ctx.config, cold=False, timeout_s=RELAUNCH_TIMEOUT_LAB_S)
-
-
-def measure(ctx: StageContext) -> dict[str, Any]:
-    """Delivered throughput of the customer's configuration, per workload (METHODOLOGY.md)."""
+def run(ctx: StageContext) -> dict[str, Any]:
     config = ctx.config
     ensure_serving(ctx)
     ctx.progress(5, "measuring delivered tokens, single stream")
@@ -83,4 +57,4 @@ def measure(ctx: StageContext) -> dict[str, Any]:
     return {"sections": {"measurement": section}}
 
 
-register_pipeline_stage("measure", measure)
+register_stage("measure", run)

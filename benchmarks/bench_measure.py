@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from diagnostic.pipelines.client import StreamClient  # noqa: E402
-from diagnostic.pipelines.measure import measure_endpoint  # noqa: E402
+from diagnostic.pipelines.measure.protocol import measure_endpoint  # noqa: E402
 from diagnostic.pipelines.workloads import load_workload  # noqa: E402
 from lab.clock import LabClock  # noqa: E402
 

@@ -2,14 +2,15 @@
 
 Mean with a Student-t 95 % interval (n - 1 degrees of freedom), median, min, max, and
 outliers flagged by the median absolute deviation (flagged, never dropped); Welch's test
-to decide whether two configurations differ. Raw samples stay with every summary.
+to decide whether two configurations differ (`compare`, over two workload summaries). Raw
+samples stay with every summary.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scipy import stats as scipy_stats
@@ -128,3 +129,18 @@ def welch(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> dict[s
         "mean_b": mean_b,
         "diff": diff,
     }
+
+
+def compare(before: Mapping[str, Any], after: Mapping[str, Any], alpha: float = 0.05) -> dict[str, Any]:
+    """Welch's test between two measured configurations of one workload.
+
+    `before` and `after` are workload summaries as a measurement section holds them (their
+    `decode.samples` and `mean_tps`); `diff` is after minus before, so a faster `after`
+    gives a positive one.
+    """
+    a = before["decode"]["samples"]
+    b = after["decode"]["samples"]
+    result = welch(b, a, alpha=alpha)
+    result["metric"] = "decode tok/s"
+    result["before_mean"], result["after_mean"] = before["mean_tps"], after["mean_tps"]
+    return result

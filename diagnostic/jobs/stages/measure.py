@@ -8,7 +8,7 @@ from typing import Any
 from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import register_stage
 from diagnostic.jobs.stages.serving import ensure_serving
-from diagnostic.pipelines.measure import measure_on_session
+from diagnostic.pipelines.measure.protocol import measure_on_session
 
 CUSTOMER = "customer"
 

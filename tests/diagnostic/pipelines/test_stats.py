@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
-from diagnostic.pipelines.stats import OUTLIER_Z, outlier_flags, summarize, t_interval, welch
+from diagnostic.pipelines.stats import OUTLIER_Z, compare, outlier_flags, summarize, t_interval, welch
 
 SAMPLES = [25.1, 26.3, 27.0, 25.8, 26.6, 24.9, 27.4, 26.1, 25.5, 26.8, 26.0, 25.2, 27.1, 26.4, 25.9]
 
@@ -90,3 +90,17 @@ def test_summary_reports_median_min_max_and_raw_samples() -> None:
     assert (s["median"], s["min"], s["max"], s["samples"]) == (2.0, 1.0, 3.0, [3.0, 1.0, 2.0])
     assert s["sd"] == pytest.approx(1.0)
     assert not math.isnan(s["mean"])
+
+
+def test_compare_tests_after_against_before_on_the_workload_summaries_decode_samples() -> None:
+    before = summarize(SAMPLES)
+    after = summarize([x + 1.5 for x in SAMPLES])
+    verdict = compare(
+        {"decode": before, "mean_tps": before["mean"]}, {"decode": after, "mean_tps": after["mean"]}
+    )
+    expected = scipy_stats.ttest_ind([x + 1.5 for x in SAMPLES], SAMPLES, equal_var=False)
+    assert verdict["p"] == pytest.approx(expected.pvalue, rel=1e-9)
+    assert verdict["diff"] == pytest.approx(1.5) and verdict["different"]
+    assert (verdict["metric"], verdict["before_mean"], verdict["after_mean"]) == (
+        "decode tok/s", before["mean"], after["mean"]
+    )

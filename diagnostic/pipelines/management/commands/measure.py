@@ -15,7 +15,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from diagnostic.pipelines.client import EndpointError
-from diagnostic.pipelines.measure import MeasurementError, measure_endpoint, summary_text
+from diagnostic.pipelines.measure.protocol import MeasurementError, measure_endpoint
+from diagnostic.pipelines.measure.summary import summary_text
 from diagnostic.pipelines.tokens import TokenizerError
 from diagnostic.pipelines.workloads import BUILT_IN, WorkloadError
 

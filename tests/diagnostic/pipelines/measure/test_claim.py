@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from diagnostic.pipelines import claim as claims
-from diagnostic.pipelines.measure import LabTimeline
+from diagnostic.pipelines.measure import claim as claims
+from diagnostic.pipelines.measure.protocol import LabTimeline
 
 
 def test_prometheus_text_is_read_per_engine_and_summed_over_other_labels() -> None:

@@ -10,7 +10,9 @@ import pytest
 
 from diagnostic.jobs.findings import findings_schema
 from diagnostic.pipelines.client import EndpointError, StreamClient
-from diagnostic.pipelines.measure import MeasurementError, compare, measure_endpoint, measure_on_session
+from diagnostic.pipelines.measure.claim import CAUSES
+from diagnostic.pipelines.measure.protocol import MeasurementError, measure_endpoint, measure_on_session
+from diagnostic.pipelines.stats import compare
 from lab.session import LogChunk
 from tests.diagnostic.pipelines.sse_server import ServerPlan, StreamServer, serving
 
@@ -104,6 +106,21 @@ def test_a_server_counting_proposed_tokens_is_caught_and_explained(
     # A corrected reading, not a change to the serving: no before/after impact to judge.
     assert finding["impact"] is None
     assert f"received {result['code']['mean_tps']:.1f} tok/s" in finding["evidence"]["summary"]
+    assert result["cause_descriptions"]["metrics.server_counts_proposed"] == CAUSES[
+        "metrics.server_counts_proposed"
+    ]
+
+
+def test_it_describes_in_plain_words_each_cause_it_tested_and_no_other(
+    tokenizer_path: Path, pieces: list[str]
+) -> None:
+    # Without /metrics or the log there are no draft counts and no stats windows: proposed
+    # counting and busy-time accounting cannot be tested, so they are not described.
+    with serving(ServerPlan(pieces=pieces, step_s=0.005)) as server:
+        result = _measure(server, tokenizer_path, metrics_url=None)
+    tested = {c["code"] for c in result["reconciliation_detail"]["code"]}
+    assert tested == {"metrics.unseen_tokens", "metrics.orphaned_requests", "metrics.client_counts_chunks"}
+    assert result["cause_descriptions"] == {code: CAUSES[code] for code in sorted(tested)}
 
 
 def test_an_honest_server_raises_no_finding(tokenizer_path: Path, pieces: list[str]) -> None:

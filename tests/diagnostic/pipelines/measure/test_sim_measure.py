@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from diagnostic.pipelines.measure import measure_endpoint
+from diagnostic.pipelines.measure.protocol import measure_endpoint
 from tests.diagnostic.pipelines import simlab
 
 

@@ -8,9 +8,10 @@ Two sources, both reported beside the delivered figure and never instead of it:
 * `/metrics` counter deltas over each request's exact interval
   (`vllm:generation_tokens_total` and the speculative-decoding counters), per engine.
 
-`reconcile` then tests each known cause of a claim above delivery and keeps the
-evidence that decided it. Times here are on the log's clock (seconds, as the engine
-prints them); `measure.py` converts client times to it.
+The cause tests below (`proposed_counting`, `busy_time_accounting`, ...) each take one
+known cause of a claim above delivery and keep the evidence that decided it. Times here
+are on the log's clock (seconds, as the engine prints them); `protocol.py` converts
+client times to it.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ COUNTERS = {
 }
 RUNNING_GAUGE = "num_requests_running"
 
-# Every cause `reconcile` tests, by the code it reports, in plain words (the report prints
-# these beside the evidence).
+# Every cause tested here, by the code it reports, in plain words: the measurement writes
+# the ones it tested into findings (`cause_descriptions`), and the report prints them
+# beside the evidence.
 CAUSES = {
     "metrics.server_counts_proposed": (
         "The server counts every proposed position of a speculative step (k + 1 per step) as a generated "

@@ -9,7 +9,8 @@ requests, /metrics deltas over each request) is reported beside delivery, with t
 causes that reconcile the two.
 
 `measure_endpoint` returns the `measurement` section of findings.json; every figure in
-it carries its raw per-run samples.
+it carries its raw per-run samples, and every cause of a claim above delivery that it
+tested is described in plain words (`cause_descriptions`).
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from diagnostic.pipelines import claim as claims
 from diagnostic.pipelines.client import EndpointError, StreamClient, StreamRun, normalize_endpoint
-from diagnostic.pipelines.stats import OUTLIER_RULE, summarize, welch
+from diagnostic.pipelines.measure import claim as claims
+from diagnostic.pipelines.measure.summary import figure
+from diagnostic.pipelines.stats import OUTLIER_RULE, summarize
 from diagnostic.pipelines.tokens import TokenCounter, load_token_counter
 from diagnostic.pipelines.workloads import Workload, load_workload
 
@@ -42,6 +45,27 @@ class MeasurementError(RuntimeError):
 
 def _identity(seconds: float) -> float:
     return seconds
+
+
+@dataclass
+class WorkloadRecord:
+    """One workload's measurement as it is taken, then set beside the server's claim."""
+
+    workload: Workload
+    # The workload's summary and runs: its entry in the measurement section.
+    section: dict[str, Any]
+    # Warm-up and measured requests on the log's clock: what kept the server busy.
+    spans: list[claims.RequestSpan]
+    # What the server still ran or generated after the last run (None without /metrics).
+    idle: dict[str, Any] | None
+    # The log's clock when the workload was done: later stats windows are the next one's.
+    log_end: float
+    # The causes tested against the server's claim, filled in once the log is read.
+    causes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.workload.name
 
 
 class LabTimeline:
@@ -136,57 +160,21 @@ def measure_endpoint(
         log_text: list[str] = []
         if log_source is not None:
             _read_log(log_source)  # marks the start: what came before is not ours
-        sections: dict[str, dict[str, Any]] = {}
-        spans_by_workload: dict[str, list[claims.RequestSpan]] = {}
-        idle_by_workload: dict[str, dict[str, Any] | None] = {}
-        bounds: dict[str, tuple[float, float]] = {}
+        records: list[WorkloadRecord] = []
         try:
             for workload in chosen:
-                params = {**workload.request, "max_tokens": max_tokens}
                 if len(workload.prompts) < n:
                     warnings.append(
                         f"workload {workload.name}: {len(workload.prompts)} prompts for n = {n}; "
                         f"prompts are reused in order"
                     )
-                warm = [
-                    client.stream(
-                        workload.warmup[i % len(workload.warmup)],
-                        model=model,
-                        params=params,
-                        deadline_s=request_timeout_s,
+                records.append(
+                    _measure_workload(
+                        client, workload, model=model, n=n, warmup=warmup, max_tokens=max_tokens,
+                        counter=counter, scraper=scraper, timeline=timeline, to_lab=to_lab,
+                        settle_s=settle_s, request_timeout_s=request_timeout_s, say=say,
                     )
-                    for i in range(warmup)
-                ]
-                runs: list[dict[str, Any]] = []
-                spans: list[claims.RequestSpan] = []
-                for streamed in warm:
-                    warm_span = _span(
-                        streamed, {"tokens": _count(streamed, counter)}, timeline, measured=False
-                    )
-                    if warm_span is not None:
-                        spans.append(warm_span)
-                for i in range(n):
-                    prompt = workload.prompts[i % len(workload.prompts)]
-                    before = scraper.snapshot() if scraper else None
-                    streamed = client.stream(prompt, model=model, params=params, deadline_s=request_timeout_s)
-                    if streamed.abandoned:
-                        # Give the server the time a disconnect takes to notice, so that a
-                        # request still running at the next run's start is a real orphan.
-                        time.sleep(settle_s)
-                    after = scraper.snapshot() if scraper else None
-                    row = _run_row(i, i % len(workload.prompts), streamed, counter, to_lab, before, after)
-                    runs.append(row)
-                    span = _span(streamed, row, timeline)
-                    if span is not None:
-                        spans.append(span)
-                    say(f"{workload.name} run {i + 1}/{n}: {_brief(row)}")
-                idle = _settle(scraper, settle_s, to_lab)
-                sections[workload.name] = _workload_section(workload, runs, warm, counter)
-                spans_by_workload[workload.name] = spans
-                idle_by_workload[workload.name] = idle
-                start = min((s.sent for s in spans if s.measured), default=0.0)
-                end = timeline.log_seconds(time.monotonic())
-                bounds[workload.name] = (start, end)
+                )
                 if log_source is not None:
                     log_text.extend(_read_log(log_source))
         finally:
@@ -202,35 +190,21 @@ def measure_endpoint(
         "api": api,
         "protocol": _protocol(n, warmup, max_tokens, counter, chosen, api, request_timeout_s),
     }
-    claimed: dict[str, float | None] = {}
-    sources: dict[str, str | None] = {}
-    reconciliation: dict[str, list[dict[str, Any]]] = {}
-    for workload in chosen:
-        section = sections[workload.name]
-        spans = spans_by_workload[workload.name]
-        start, end = bounds[workload.name]
-        classified = claims.classify_windows(windows, spans, resolution_s=log_resolution_s)
-        last_end = max((s.last for s in spans if s.measured), default=end)
-        trailing = [w for w in windows if w.start >= last_end + log_resolution_s and w.end <= end]
-        from_log = claims.log_claim(classified)
-        from_metrics = claims.metrics_claim(section["runs"])
-        section["server_claim"] = {"log": from_log, "metrics": from_metrics}
-        headline = from_log or from_metrics
-        claimed[workload.name] = headline["claimed_tps"] if headline else None
-        sources[workload.name] = headline["source"] if headline else None
-        reconciliation[workload.name] = _reconcile(
-            section, from_log, from_metrics, classified, trailing, idle_by_workload[workload.name]
-        )
-        result[workload.name] = section
-    result["server_claimed_tps"] = claimed
-    result["server_claim_source"] = sources
+    for record in records:
+        _set_beside_the_claim(record, windows, log_resolution_s)
+        result[record.name] = record.section
+    headlines = {r.name: r.section["server_claim"]["log"] or r.section["server_claim"]["metrics"]
+                 for r in records}
+    result["server_claimed_tps"] = {name: h["claimed_tps"] if h else None for name, h in headlines.items()}
+    result["server_claim_source"] = {name: h["source"] if h else None for name, h in headlines.items()}
     # The headline list names the causes that explain the server's ratio (METHODOLOGY.md);
     # causes that are present without explaining it (e.g. chunks carrying several tokens,
     # which only matters to a chunk-counting client) stay in the detail.
-    result["reconciliation"] = sorted(
-        {c["code"] for causes in reconciliation.values() for c in causes if c["explains_ratio"]}
-    )
-    result["reconciliation_detail"] = reconciliation
+    result["reconciliation"] = sorted({c["code"] for r in records for c in r.causes if c["explains_ratio"]})
+    result["reconciliation_detail"] = {r.name: r.causes for r in records}
+    # Written with the evidence so that whoever presents it needs nothing of this package.
+    tested = sorted({c["code"] for r in records for c in r.causes})
+    result["cause_descriptions"] = {code: claims.CAUSES[code] for code in tested}
     result["findings"] = _findings(result, chosen)
     result["warnings"] = warnings
     return result
@@ -269,6 +243,78 @@ def measure_on_session(session: LabSession, *, engine: str = "vllm", **options: 
         lab_now=session.clock.now,
         **options,
     )
+
+
+def _measure_workload(
+    client: StreamClient,
+    workload: Workload,
+    *,
+    model: str,
+    n: int,
+    warmup: int,
+    max_tokens: int,
+    counter: TokenCounter | None,
+    scraper: _MetricsScraper | None,
+    timeline: LabTimeline,
+    to_lab: Callable[[float], float],
+    settle_s: float,
+    request_timeout_s: float | None,
+    say: Callable[[str], None],
+) -> WorkloadRecord:
+    """The warm-up runs, then n runs one at a time, then a wait for what the server still runs."""
+    params = {**workload.request, "max_tokens": max_tokens}
+    warm = [
+        client.stream(
+            workload.warmup[i % len(workload.warmup)],
+            model=model,
+            params=params,
+            deadline_s=request_timeout_s,
+        )
+        for i in range(warmup)
+    ]
+    runs: list[dict[str, Any]] = []
+    spans: list[claims.RequestSpan] = []
+    for streamed in warm:
+        warm_span = _span(streamed, {"tokens": _count(streamed, counter)}, timeline, measured=False)
+        if warm_span is not None:
+            spans.append(warm_span)
+    for i in range(n):
+        prompt = workload.prompts[i % len(workload.prompts)]
+        before = scraper.snapshot() if scraper else None
+        streamed = client.stream(prompt, model=model, params=params, deadline_s=request_timeout_s)
+        if streamed.abandoned:
+            # Give the server the time a disconnect takes to notice, so that a
+            # request still running at the next run's start is a real orphan.
+            time.sleep(settle_s)
+        after = scraper.snapshot() if scraper else None
+        row = _run_row(i, i % len(workload.prompts), streamed, counter, to_lab, before, after)
+        runs.append(row)
+        span = _span(streamed, row, timeline)
+        if span is not None:
+            spans.append(span)
+        say(f"{workload.name} run {i + 1}/{n}: {_brief(row)}")
+    idle = _settle(scraper, settle_s, to_lab)
+    return WorkloadRecord(
+        workload=workload,
+        section=_workload_section(workload, runs, warm, counter),
+        spans=spans,
+        idle=idle,
+        log_end=timeline.log_seconds(time.monotonic()),
+    )
+
+
+def _set_beside_the_claim(
+    record: WorkloadRecord, windows: Sequence[claims.StatsWindow], log_resolution_s: float
+) -> None:
+    """The server's claim over the workload's requests (log windows, /metrics deltas) into
+    its section, and the causes tested against it into the record."""
+    classified = claims.classify_windows(windows, record.spans, resolution_s=log_resolution_s)
+    last_end = max((s.last for s in record.spans if s.measured), default=record.log_end)
+    trailing = [w for w in windows if w.start >= last_end + log_resolution_s and w.end <= record.log_end]
+    from_log = claims.log_claim(classified)
+    from_metrics = claims.metrics_claim(record.section["runs"])
+    record.section["server_claim"] = {"log": from_log, "metrics": from_metrics}
+    record.causes = _reconcile(record.section, from_log, from_metrics, classified, trailing, record.idle)
 
 
 # -- one run ------------------------------------------------------------------------------
@@ -572,8 +618,8 @@ def _findings(result: Mapping[str, Any], workloads: Sequence[Workload]) -> list[
         {
             "code": "metrics.server_overclaim",
             "title": (
-                f"The server reports {_num(result['server_claimed_tps'][first], 1)} tok/s on {first}; "
-                f"clients receive {_num(section['mean_tps'], 1)}"
+                f"The server reports {figure(result['server_claimed_tps'][first], 1)} tok/s on {first}; "
+                f"clients receive {figure(section['mean_tps'], 1)}"
             ),
             "evidence": {
                 "summary": _overclaim_summary(result, over),
@@ -600,7 +646,7 @@ def _overclaim_summary(result: Mapping[str, Any], over: Mapping[str, Any]) -> st
     parts = []
     for name, sources in over.items():
         said = " and ".join(
-            f"{'its log' if source == 'log' else 'its /metrics counters'} {_num(c['claimed_tps'], 1)} tok/s"
+            f"{'its log' if source == 'log' else 'its /metrics counters'} {figure(c['claimed_tps'], 1)} tok/s"
             for source, c in sources.items()
         )
         mean, ci = result[name]["mean_tps"], result[name]["ci95"]
@@ -609,72 +655,9 @@ def _overclaim_summary(result: Mapping[str, Any], over: Mapping[str, Any]) -> st
             continue
         # Over the mean printed beside it; the per-source `ratio` is over the same windows.
         ratio = max(c["claimed_tps"] for c in sources.values()) / mean
-        interval = f" (95 % interval {_num(ci[0], 1)} to {_num(ci[1], 1)})" if ci else ""
+        interval = f" (95 % interval {figure(ci[0], 1)} to {figure(ci[1], 1)})" if ci else ""
         parts.append(
-            f"On {name} the engine claims {said}; the client received {_num(mean, 1)} tok/s{interval}: "
+            f"On {name} the engine claims {said}; the client received {figure(mean, 1)} tok/s{interval}: "
             f"the claim is {ratio:.2f} times what was delivered."
         )
     return " ".join(parts)
-
-
-def compare(before: Mapping[str, Any], after: Mapping[str, Any], alpha: float = 0.05) -> dict[str, Any]:
-    """Welch's test between two measured configurations of one workload (sections as returned)."""
-    a = before["decode"]["samples"]
-    b = after["decode"]["samples"]
-    result = welch(b, a, alpha=alpha)
-    result["metric"] = "decode tok/s"
-    result["before_mean"], result["after_mean"] = before["mean_tps"], after["mean_tps"]
-    return result
-
-
-# -- the one-page summary ------------------------------------------------------------------
-
-
-def summary_text(measurement: Mapping[str, Any]) -> str:
-    """A plain-text page: the delivered table, the server's claim, the reconciliation."""
-    lines = [
-        f"Delivered throughput, single stream: {measurement['model']} at {measurement['endpoint']}",
-        f"API {measurement['api']}; {measurement['protocol']['tokens']['method']}",
-        "",
-    ]
-    for warning in measurement.get("warnings", []):
-        lines.append(f"WARNING: {warning}")
-    if measurement.get("warnings"):
-        lines.append("")
-    header = (
-        f"{'workload':<9}{'n':>4}{'mean tok/s':>12}{'95% CI':>20}{'median':>9}{'min':>8}{'max':>8}"
-        f"{'TTFT s':>9}{'e2e':>8}{'claimed':>9}{'outliers':>10}"
-    )
-    lines += [header, "-" * len(header)]
-    for name, section in measurement.items():
-        if not isinstance(section, dict) or "mean_tps" not in section:
-            continue
-        ci = section["ci95"]
-        ci_text = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "-"
-        claimed = measurement["server_claimed_tps"].get(name)
-        lines.append(
-            f"{name:<9}{section['n']:>4}{_num(section['mean_tps']):>12}{ci_text:>20}{_num(section['median_tps']):>9}"
-            f"{_num(section['min_tps']):>8}{_num(section['max_tps']):>8}{_num(section['ttft_s'], 3):>9}"
-            f"{_num(section['e2e_tps']):>8}{_num(claimed):>9}{len(section['outliers']):>10}"
-        )
-    lines.append("")
-    lines.append(
-        "Server claim source per workload: "
-        + ", ".join(f"{k}: {v or 'none'}" for k, v in measurement["server_claim_source"].items())
-    )
-    causes = ", ".join(measurement["reconciliation"]) or "none"
-    lines.append(f"Reconciliation (causes that explain the claim): {causes}")
-    for name, causes in measurement["reconciliation_detail"].items():
-        for c in causes:
-            if c["present"]:
-                lines.append(
-                    f"  {name}: {c['code']}: observed {c['observed_ratio']}, predicted "
-                    f"{c['predicted_ratio']}, explains: {'yes' if c['explains_ratio'] else 'no'}"
-                )
-    for f in measurement.get("findings", []):
-        lines.append(f"FINDING {f['code']}: {f['title']}")
-    return "\n".join(lines) + "\n"
-
-
-def _num(value: Any, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"

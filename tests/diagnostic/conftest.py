@@ -1,6 +1,10 @@
 """Shared fixtures for the platform core: the cast (organisations, customers, a lab), a
 submitted configuration, jobs, and the gates of the services tier.
 
+`cast` is who the web apps' access tests try every view as: alice (a customer of
+organisation A), bob (a customer of organisation B), a staff member, and an anonymous
+visitor, each with a test client already logged in as them.
+
 Services-tier tests need PostgreSQL (DATABASE_URL) and, some of them, Redis
 (CELERY_BROKER_URL). When those are not configured the tests skip and say why; with
 REQUIRE_SERVICES=1 (CI) they fail instead.
@@ -10,12 +14,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from django.test import Client
 
 from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import ClusterConfiguration, Customer, Lab, LabDay, Organisation
@@ -77,6 +83,50 @@ def customer(organisation: Organisation) -> User:
 @pytest.fixture
 def other_customer(db: None) -> User:
     return make_customer("bob", Organisation.objects.create(name="Globex Serving"))
+
+
+@dataclass(frozen=True)
+class Cast:
+    """The people an access test tries a view as; `clients` holds one logged-in test client
+    each (the anonymous one logged in as nobody), by name."""
+
+    organisation_a: Organisation
+    organisation_b: Organisation
+    alice: User
+    bob: User
+    staff: User
+    clients: dict[str, Client]
+
+    @property
+    def anonymous(self) -> Client:
+        return self.clients["anonymous"]
+
+    def client(self, name: str) -> Client:
+        return self.clients[name]
+
+
+def logged_in(user: User) -> Client:
+    client = Client()
+    client.force_login(user)  # no password: see make_customer
+    return client
+
+
+@pytest.fixture
+def cast(organisation: Organisation, customer: User, other_customer: User) -> Cast:
+    staff = User.objects.create_user(username="staff", is_staff=True)
+    return Cast(
+        organisation_a=organisation,
+        organisation_b=other_customer.customer.organisation,
+        alice=customer,
+        bob=other_customer,
+        staff=staff,
+        clients={
+            "alice": logged_in(customer),
+            "bob": logged_in(other_customer),
+            "staff": logged_in(staff),
+            "anonymous": Client(),
+        },
+    )
 
 
 @pytest.fixture

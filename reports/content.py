@@ -19,7 +19,9 @@ Shapes read beyond DESIGN.md's schema (all optional, documented for the pipeline
 - `cold_start.phases[]`: {run: before|after, node, phase, start_s, end_s};
   `cold_start.waterfall[]`: {step, fixes, n, cold_start_s, ci95, delta_ci95};
   `cold_start.stalls[]`: {run, node, cause, start_s, end_s, silent_s, telemetry: {t_s: [...], series...}}.
-- `fp4.verdict_after`, `fp4.backends[]`: per-backend checks.
+- `fp4.verdict` and `fp4.verdict_after` (garbage|degraded|correct) are the FP4 pipeline's
+  verdicts, printed as written (without `verdict_after`, the pass rate only);
+  `fp4.backends[]`: per-backend checks.
 - `speculative.baseline|none|best.{workload}`: {n, mean_tps, ci95, runs?};
   `speculative.trials[]`: {workload, method, k, stage: screen|confirm, n, mean_tps, ci95}.
 - `measurement` as the measure stage writes it (`diagnostic/pipelines/measure.py`; the
@@ -31,7 +33,8 @@ Shapes read beyond DESIGN.md's schema (all optional, documented for the pipeline
   `measurement.after` (same shape, the recommended configuration measured by the same
   protocol; when absent, `speculative.best` is the "after").
 - `finding.evidence.claims` / `.delivered` (the measure stage's overclaim evidence) print
-  as one table; `explained_by` prints each cause with its description.
+  as one table; `explained_by` prints each cause with the measurement's description of it,
+  `measurement.cause_descriptions` ({cause code: plain words}, every cause it tested).
 """
 
 from __future__ import annotations
@@ -41,11 +44,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from diagnostic.pipelines.claim import CAUSES
 from reports import figures as fig
 from reports import sections
 from reports.moneyback import MoneyBackDecision, impacts_of, judge_improvement
-from reports.sections import classify_canaries
 from reports.structure import (
     Block,
     Change,
@@ -60,6 +61,8 @@ from reports.structure import (
     SummaryRow,
     as_interval,
     as_number,
+    cause_descriptions,
+    describe_cause,
     humanize,
     present,
     setting_label,
@@ -314,9 +317,15 @@ def why_it_matters(code: str, blocking: bool) -> str:
 
 
 def build_finding(
-    index: int, finding: Mapping[str, Any], stage_titles: Mapping[str, tuple[str, str]]
+    index: int,
+    finding: Mapping[str, Any],
+    stage_titles: Mapping[str, tuple[str, str]],
+    *,
+    described_causes: Mapping[str, str],
 ) -> FindingSection:
-    """One finding, whatever its code: what we saw, why it matters, the change, its effect."""
+    """One finding, whatever its code: what we saw, why it matters, the change, its effect.
+
+    `described_causes` is the measurement's {cause code: plain words}, for `explained_by`."""
     code = str(finding.get("code") or "unclassified")
     evidence = finding.get("evidence") or {}
     lead = ""
@@ -331,7 +340,10 @@ def build_finding(
             if key == "summary" or (claims_table is not None and key in ("claims", "delivered")):
                 continue
             if key == "explained_by" and isinstance(value, Sequence) and not isinstance(value, str):
-                text = " ".join(f"{c}: {CAUSES.get(str(c), '')}".strip() for c in value) or "no known cause"
+                text = (
+                    " ".join(f"{c}: {describe_cause(described_causes, str(c))}" for c in value)
+                    or "no known cause"
+                )
                 rows.append(Row("Explained by", text))
                 continue
             rows.append(Row(EVIDENCE_LABELS.get(str(key)) or humanize(str(key)), value_text(str(key), value)))
@@ -562,9 +574,6 @@ def summary_rows(findings: Mapping[str, Any]) -> list[SummaryRow]:
     fp4 = findings.get("fp4")
     if present(fp4):
         rates = fp4.get("canary_pass_rate") or {}
-        after_verdict = fp4.get("verdict_after")
-        if after_verdict is None and as_number(rates.get("after")) is not None:
-            after_verdict = classify_canaries(float(rates["after"]))
 
         def detail(backend: Any, rate: Any) -> str:
             parts = [str(backend)] if backend else []
@@ -572,15 +581,23 @@ def summary_rows(findings: Mapping[str, Any]) -> list[SummaryRow]:
                 parts.append(f"{fig.percent(rate)} of canaries")
             return ", ".join(parts)
 
+        # The FP4 pipeline decides the verdict after the change; without one the report
+        # shows the canary pass rate it measured and does not judge it.
+        verdict_after, backend_after = fp4.get("verdict_after"), fp4.get("backend_after")
+        verdict_text, verdict_sub = str(verdict_after), detail(backend_after, rates.get("after"))
+        if not verdict_after:
+            rate_after = as_number(rates.get("after"))
+            verdict_text = "not checked" if rate_after is None else f"{fig.percent(rate_after)} of canaries"
+            verdict_sub = detail(backend_after, None)
         rows.append(
             SummaryRow(
                 "FP4 output",
                 str(fp4.get("verdict") or "not checked"),
-                str(after_verdict or "not checked"),
+                verdict_text,
                 "",
                 "",
                 detail(fp4.get("backend_before"), rates.get("before")),
-                detail(fp4.get("backend_after"), rates.get("after")),
+                verdict_sub,
             )
         )
     return rows
@@ -641,10 +658,17 @@ def headline(findings: Mapping[str, Any], lab: str, money: MoneyBackDecision) ->
     if present(fp4) and fp4.get("verdict") in ("garbage", "degraded"):
         rates = fp4.get("canary_pass_rate") or {}
         if as_number(rates.get("before")) is not None and as_number(rates.get("after")) is not None:
-            gains.append(
-                f"the model's answers are correct again ({fig.percent(rates['before'])} \u2192 "
-                f"{fig.percent(rates['after'])} of canary prompts)"
-            )
+            # "Correct again" is the FP4 pipeline's verdict to give, not this report's.
+            if fp4.get("verdict_after") == "correct":
+                gains.append(
+                    f"the model's answers are correct again ({fig.percent(rates['before'])} \u2192 "
+                    f"{fig.percent(rates['after'])} of canary prompts)"
+                )
+            else:
+                gains.append(
+                    f"canary prompts answered correctly go from {fig.percent(rates['before'])} to "
+                    f"{fig.percent(rates['after'])}"
+                )
     if gains:
         text = "; ".join(gains[:-1]) + (" and " if len(gains) > 1 else "") + gains[-1]
         paras.append(f"With the changes in this report, {text}.")
@@ -725,7 +749,10 @@ def build_report(
     ]
     stage_titles = {s.anchor: (s.anchor, f"{s.number} {s.title}") for s in stages if s.ran}
     found = [f for f in findings.get("findings") or [] if isinstance(f, Mapping)]
-    finding_sections = [build_finding(i, f, stage_titles) for i, f in enumerate(found, start=1)]
+    described = cause_descriptions(findings.get("measurement"))
+    finding_sections = [
+        build_finding(i, f, stage_titles, described_causes=described) for i, f in enumerate(found, start=1)
+    ]
     appendices = [sections.methodology_appendix(findings, "A"), sections.raw_runs_appendix(findings, "B")]
 
     model_name = str((config.get("model") or {}).get("id", "")).rsplit("/", 1)[-1]

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from diagnostic.pipelines.claim import CAUSES
 from reports import figures as fig
 from reports import plots
 from reports.structure import (
@@ -22,6 +21,8 @@ from reports.structure import (
     StageSection,
     as_interval,
     as_number,
+    cause_descriptions,
+    describe_cause,
     humanize,
     present,
     setting_label,
@@ -36,15 +37,6 @@ STALL_SIGNATURES = {
     "load.jit_compile": "the JIT stall shows compiler processes at full CPU with the disk idle",
     "load.rendezvous": "the rendezvous stall shows an idle node and a silent data NIC",
 }
-
-
-def classify_canaries(pass_rate: float) -> str:
-    """METHODOLOGY's canary thresholds: healthy at 95 % or more, garbage below 50 %."""
-    if pass_rate >= 0.95:
-        return "correct"
-    if pass_rate < 0.5:
-        return "garbage"
-    return "degraded"
 
 
 def cold_start_section(cold: Any, figures: FigureCounter, number: str) -> StageSection:
@@ -172,14 +164,18 @@ def fp4_section(fp4: Any, number: str) -> StageSection:
         text += f", and {fig.percent(rates['before'])}{total} canary prompts were answered correctly"
     text += "."
     if fp4.get("backend_after"):
-        verdict_after = fp4.get("verdict_after") or (
-            classify_canaries(float(rates["after"]))
-            if as_number(rates.get("after")) is not None
-            else "unchecked"
-        )
-        text += f" With the {fp4['backend_after']} backend the output is {verdict_after}"
-        if as_number(rates.get("after")) is not None:
-            text += f" ({fig.percent(rates['after'])} of canaries)"
+        # The verdict after the change is the FP4 pipeline's; without one, the pass rate alone.
+        verdict_after = fp4.get("verdict_after")
+        if not verdict_after and as_number(rates.get("after")) is not None:
+            total = f" of {fp4['canaries']}" if fp4.get("canaries") else ""
+            text += (
+                f" With the {fp4['backend_after']} backend, {fig.percent(rates['after'])}{total} canary "
+                "prompts were answered correctly"
+            )
+        else:
+            text += f" With the {fp4['backend_after']} backend the output is {verdict_after or 'unchecked'}"
+            if as_number(rates.get("after")) is not None:
+                text += f" ({fig.percent(rates['after'])} of canaries)"
         text += "."
     blocks.append(Block("paragraph", text))
     backends = [b for b in fp4.get("backends") or [] if isinstance(b, Mapping)]
@@ -537,12 +533,12 @@ def _reconciliation_blocks(measurement: Mapping[str, Any], workloads: Sequence[s
     then the causes that were tested and ruled out."""
     causes = [str(c) for c in measurement.get("reconciliation") or []]
     records = _cause_records(measurement, workloads)
+    described = cause_descriptions(measurement)
     blocks = []
     if not causes:
         blocks.append(Block("paragraph", "No known cause was found to explain the difference."))
     for cause in causes:
-        text = CAUSES.get(cause, "A cause this report version has no description for.")
-        blocks.append(Block("paragraph", f"{cause}: {text}"))
+        blocks.append(Block("paragraph", f"{cause}: {describe_cause(described, cause)}"))
         shown = [w for w in workloads if (records[w].get(cause) or {}).get("explains_ratio")]
         if not shown:
             continue

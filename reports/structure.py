@@ -17,6 +17,9 @@ from reports import figures as fig
 
 WORKLOAD_ORDER = ("code", "prose")
 NOT_RUN = "Not run in this engagement."
+# The words for a cause come from the pipeline that tested it; a cause it left undescribed
+# is said to be so rather than described from a table of the report's own.
+NO_CAUSE_DESCRIPTION = "This report has no description of this cause."
 ACRONYMS = {
     w.lower(): w for w in ("CPU", "GPU", "NIC", "JIT", "KV", "NCCL", "TTFT", "FP4", "MoE", "NVMe", "API")
 }
@@ -263,6 +266,20 @@ def workloads_in(*sections: Any) -> list[str]:
                 ):
                     found.append(str(key))
     return sorted(found, key=lambda w: (WORKLOAD_ORDER.index(w) if w in WORKLOAD_ORDER else 99, w))
+
+
+def cause_descriptions(measurement: Any) -> dict[str, str]:
+    """{cause code: plain words} as the measure stage writes them (`measurement.cause_descriptions`,
+    one entry per cause it tested); empty when the measurement did not run or wrote none."""
+    described = measurement.get("cause_descriptions") if isinstance(measurement, Mapping) else None
+    if not isinstance(described, Mapping):
+        return {}
+    return {str(code): str(words) for code, words in described.items() if words}
+
+
+def describe_cause(descriptions: Mapping[str, str], code: str) -> str:
+    """The measurement's words for `code`, or a sentence saying the report has none."""
+    return descriptions.get(code) or NO_CAUSE_DESCRIPTION
 
 
 def setting_label(method: Any, k: Any) -> str:

@@ -258,6 +258,20 @@ def reference_findings() -> dict[str, Any]:
     measurement["server_claimed_tps"] = {"code": claimed, "prose": claimed}
     measurement["server_claim_source"] = {w: "log" for w in WORKLOADS}
     measurement["reconciliation"] = ["metrics.server_counts_proposed"]
+    # The measure stage's words for every cause it tested (the report prints them as given).
+    measurement["cause_descriptions"] = {
+        "metrics.server_counts_proposed": (
+            "The server counts every proposed position of a speculative step (k + 1 per step) as a "
+            "generated token, accepted or not, while the client receives only the accepted prefix plus one."
+        ),
+        "metrics.server_busy_time": (
+            "The server divides tokens by the time it was busy, leaving out the idle gaps between requests."
+        ),
+        "metrics.client_counts_chunks": (
+            "A client counting stream chunks instead of tokens undercounts: with speculative decoding one "
+            "chunk carries several tokens."
+        ),
+    }
     # The measure stage's shape: per workload, every tested cause with its evidence.
     measurement["reconciliation_detail"] = {}
     for w in WORKLOADS:
@@ -607,6 +621,7 @@ def reference_findings() -> dict[str, Any]:
             "waterfall": waterfall,
             "stalls": stalls,
         },
+        # The FP4 pipeline's verdicts, before and after the change (garbage|degraded|correct).
         "fp4": {
             "verdict": "garbage",
             "verdict_after": "correct",

@@ -14,7 +14,7 @@ import jsonschema
 from reports import content
 from reports.moneyback import assess
 from reports.report import render_html
-from reports.structure import NOT_RUN
+from reports.structure import NO_CAUSE_DESCRIPTION, NOT_RUN
 
 ISSUED = dt.datetime(2025, 12, 1, 16, 0, tzinfo=dt.UTC)
 SCHEMA = Path(__file__).resolve().parents[2] / "diagnostic" / "jobs" / "schemas" / "findings.schema.json"
@@ -133,3 +133,52 @@ def test_findings_text_is_escaped_in_the_html(findings: dict[str, Any]) -> None:
     html = render_html(_build(hostile))
     assert '<img src="file:///etc/passwd">' not in html
     assert "&lt;img src=&quot;file:///etc/passwd&quot;&gt;" in html
+
+
+def _overclaim_row(report: content.ReportContent) -> str:
+    (section,) = [s for s in report.findings if s.code == "metrics.server_overclaim"]
+    return next(r.value for r in section.evidence if r.label == "Explained by")
+
+
+def _paragraphs(report: content.ReportContent, anchor: str) -> list[str]:
+    (stage,) = [s for s in report.stages if s.anchor == anchor]
+    return [b.text for b in stage.blocks if b.kind == "paragraph"]
+
+
+def test_a_cause_is_described_in_the_measurement_s_own_words(findings: dict[str, Any]) -> None:
+    code = "metrics.server_counts_proposed"
+    findings["measurement"]["cause_descriptions"][code] = "Words the measure stage wrote."
+    report = _build(findings)
+    assert f"{code}: Words the measure stage wrote." in _paragraphs(report, "throughput")
+    assert _overclaim_row(report) == f"{code}: Words the measure stage wrote."
+
+
+def test_a_cause_without_a_description_says_the_report_has_none(findings: dict[str, Any]) -> None:
+    del findings["measurement"]["cause_descriptions"]
+    report = _build(findings)
+    code = "metrics.server_counts_proposed"
+    assert f"{code}: {NO_CAUSE_DESCRIPTION}" in _paragraphs(report, "throughput")
+    assert _overclaim_row(report) == f"{code}: {NO_CAUSE_DESCRIPTION}"
+
+
+def test_the_fp4_verdict_after_is_the_pipeline_s_not_the_report_s(findings: dict[str, Any]) -> None:
+    # A pass rate of 100 % with the pipeline's verdict "degraded": the report must not overrule it.
+    findings["fp4"]["verdict_after"] = "degraded"
+    report = _build(findings)
+    fp4_row = next(r for r in report.summary if r.label == "FP4 output")
+    assert (fp4_row.before, fp4_row.after) == ("garbage", "degraded")
+    text = _paragraphs(report, "fp4")[0]
+    assert text.endswith("With the cutlass backend the output is degraded (100 % of canaries).")
+    assert not any("correct again" in p for p in report.headline)
+
+
+def test_without_an_fp4_verdict_after_the_report_shows_the_pass_rate_only(findings: dict[str, Any]) -> None:
+    del findings["fp4"]["verdict_after"]
+    findings["fp4"]["canary_pass_rate"]["after"] = 0.7
+    report = _build(findings)
+    fp4_row = next(r for r in report.summary if r.label == "FP4 output")
+    assert (fp4_row.after, fp4_row.after_sub) == ("70 % of canaries", "cutlass")
+    text = _paragraphs(report, "fp4")[0]
+    assert text.endswith("With the cutlass backend, 70 % of 42 canary prompts were answered correctly.")
+    assert "degraded" not in text
+    assert any("canary prompts answered correctly go from 0 % to 70 %" in p for p in report.headline)

@@ -40,7 +40,7 @@ import yaml
 from scipy import stats
 
 from lab.clock import LabClock
-from lab.config import normalize_config
+from lab.engines import normalize_config
 from lab.scenarios import REFERENCE, scenario_path
 from lab.sim.http import ServingEngine
 from lab.sim.physics import decode_plan

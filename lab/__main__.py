@@ -73,7 +73,7 @@ def _cmd_facts(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from lab.config import load_config_text
+    from lab.engines import load_config_text
     from lab.session import LabSession
 
     try:

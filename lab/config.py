@@ -1,12 +1,17 @@
-"""The customer configuration (`diagnostic.config/1`): validation and normalization.
+"""The customer configuration (`diagnostic.config/1`): its vocabulary and field checks.
 
 A customer describes the cluster configuration they run as a structured mapping, a YAML
-file, or a pasted launch command (`launch_command:`, parsed by `lab.engines`). Whatever
-the form, `normalize_config` returns one normalized dict with every field present
-(docs/lab-contracts.md lists them). Defaults are what the engine does when a flag is not
-given, so a structured configuration and the equivalent command normalize alike; the
-model defaults to the reference Kimi K2 checkpoint. Errors name the field, the value and
-what would be accepted. No Django here: the portal, the CLI and the lab all use it.
+file, or a pasted launch command (`launch_command:`). This module holds what needs no
+engine knowledge: the accepted values, `ConfigError`, the strict YAML reader, and
+`normalize_fields`, which checks and fills every structured field (docs/lab-contracts.md
+lists them). Defaults are what the engine does when a flag is not given, so a structured
+configuration and the equivalent command normalize alike; the model defaults to the
+reference Kimi K2 checkpoint. Errors name the field, the value and what would be accepted.
+
+What needs the engines' flag tables (reading `launch_command`, checking `extra_args`
+flags) is done by `lab.engines.normalize_config` and `lab.engines.load_config_text`, the
+entry points callers use; they build on this module, which imports nothing from them.
+No Django here: the portal, the CLI and the lab all use it.
 """
 
 from __future__ import annotations
@@ -284,15 +289,12 @@ def _env(raw: Any) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def _extra_args(raw: Any, engine: str) -> list[str]:
+def _extra_args(raw: Any) -> list[str]:
+    """The shape only: which flags an engine takes is lab.engines' to check."""
     if raw is None:
         return []
     if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
         raise _fail("extra_args", f"must be a list of strings (one per argv token), got {raw!r}")
-    # Import here: lab.engines imports this module at load time.
-    from lab.engines import check_extra_args
-
-    check_extra_args(engine, raw)
     return list(raw)
 
 
@@ -315,21 +317,28 @@ def _reported(raw: Any) -> dict[str, float] | None:
     return {k: _positive(v, f"reported.{k}") for k, v in data.items()}
 
 
-def normalize_config(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate `data` and return a new dict with every field of `diagnostic.config/1`.
-
-    `launch_command` may stand for the model/parallel/serving/speculative/env/extra_args
-    fields; it is parsed by the engines and `engine.version`, `cluster`, `workloads` and
-    `reported` may sit beside it. Normalizing a normalized config returns it unchanged.
-    """
+def check_document(data: Any) -> Mapping[str, Any]:
+    """`data` as a configuration document: a mapping of known top-level fields with the
+    right schema (the fields themselves are checked by normalize_fields)."""
     if not isinstance(data, Mapping):
         raise _fail("config", f"must be a mapping, got {type(data).__name__}")
     _mapping(data, "", TOP_FIELDS)
     schema = data.get("schema", SCHEMA)
     if schema != SCHEMA:
         raise _fail("schema", f"{schema!r} is not accepted; use {SCHEMA!r}")
+    return data
+
+
+def normalize_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a structured configuration and return a new dict with every field of
+    `diagnostic.config/1`. Normalizing a normalized config returns it unchanged.
+
+    Not the whole normalization: `extra_args` is checked for its shape here, its flags by
+    lab.engines, and a `launch_command` is refused (lab.engines.normalize_config reads it).
+    """
+    check_document(data)
     if "launch_command" in data:
-        return _from_launch_command(data)
+        raise _fail("launch_command", "is read by lab.engines.normalize_config, not here")
     engine = _engine(data.get("engine"))
     parallel = _parallel(data.get("parallel"))
     config: dict[str, Any] = {
@@ -341,7 +350,7 @@ def normalize_config(data: Mapping[str, Any]) -> dict[str, Any]:
         "serving": _serving(data.get("serving"), engine["name"]),
         "speculative": _speculative(data.get("speculative")),
         "env": _env(data.get("env")),
-        "extra_args": _extra_args(data.get("extra_args"), engine["name"]),
+        "extra_args": _extra_args(data.get("extra_args")),
         "workloads": _workloads(data.get("workloads")),
     }
     reported = _reported(data.get("reported"))
@@ -350,7 +359,9 @@ def normalize_config(data: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _from_launch_command(data: Mapping[str, Any]) -> dict[str, Any]:
+def launch_command_text(data: Mapping[str, Any]) -> str:
+    """The command of a configuration given as `launch_command`, which stands for the
+    COMMAND_FIELDS: a document giving both is ambiguous."""
     both = [f for f in COMMAND_FIELDS if f in data]
     if both:
         raise _fail(both[0], "cannot be given together with launch_command, which sets it; "
@@ -358,16 +369,20 @@ def _from_launch_command(data: Mapping[str, Any]) -> dict[str, Any]:
     command = data["launch_command"]
     if not isinstance(command, str) or not command.strip():
         raise _fail("launch_command", f"must be the launch command as a string, got {command!r}")
-    from lab.engines import parse_command  # lab.engines imports this module at load time
+    return command
 
-    parsed = parse_command(command)
+
+def with_command_fields(data: Mapping[str, Any], parsed: Mapping[str, Any]) -> dict[str, Any]:
+    """A `launch_command` document rewritten as a structured one: the fields the parsed
+    command set, plus what may sit beside it (`engine.version`, `cluster`, `workloads`,
+    `reported`)."""
     engine = _mapping(data.get("engine"), "engine", ("name", "version"))
     name = parsed["engine"]["name"]
     if "name" in engine and engine["name"] != name:
         raise _fail("engine.name", f"{engine['name']!r} disagrees with launch_command, which "
                                    f"runs {name}; remove engine.name or fix it")
     rest = {k: data[k] for k in ("cluster", "workloads", "reported") if k in data}
-    return normalize_config({**parsed, **rest, "engine": {"name": name, **engine}})
+    return {**parsed, **rest, "engine": {"name": name, **engine}}
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -392,8 +407,9 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_config_text(text: str, *, max_bytes: int = 65536) -> dict[str, Any]:
-    """Parse a YAML configuration (at most `max_bytes` of UTF-8) and normalize it."""
+def read_config_text(text: str, *, max_bytes: int = 65536) -> Mapping[str, Any]:
+    """Parse a YAML configuration (at most `max_bytes` of UTF-8) into its mapping, not yet
+    normalized (lab.engines.load_config_text does both)."""
     size = len(text.encode("utf-8", errors="replace"))
     if size > max_bytes:
         raise ConfigError("file", f"is {size} bytes; the limit is {max_bytes}")
@@ -408,4 +424,4 @@ def load_config_text(text: str, *, max_bytes: int = 65536) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise ConfigError("file", "must hold a YAML mapping (schema: diagnostic.config/1, "
                                   f"engine: ..., ...), got {type(data).__name__}")
-    return normalize_config(data)
+    return data

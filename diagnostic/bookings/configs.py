@@ -1,7 +1,7 @@
 """Turning what a customer submits (form fields, a YAML file, a pasted launch command) into
 a validated `diagnostic.config/1` configuration.
 
-Validation and normalization belong to lab.config, which the lab layer shares; this
+Validation and normalization belong to the lab layer (lab.config, lab.engines); this
 module maps its errors onto Django's ValidationError so forms and the admin show the
 message, which names the configuration field (`parallel.tp: must be ...`).
 """
@@ -14,7 +14,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from diagnostic.bookings.models import Booking, ClusterConfiguration
-from lab.config import ConfigError, load_config_text, normalize_config
+from lab.config import ConfigError
+from lab.engines import load_config_text, normalize_config
 
 CONFIG_SCHEMA = "diagnostic.config/1"
 Source = ClusterConfiguration.Source

@@ -1,5 +1,8 @@
 """vLLM and SGLang: configuration <-> launch commands, and engine log parsing.
 
+`normalize_config` is the whole normalization of a customer configuration: lab.config's
+field checks plus what needs the engines' flags (a `launch_command` read into fields,
+the flags in `extra_args` checked); `load_config_text` does it for a YAML file.
 `render` turns a normalized configuration into one `lab.launch/1` spec per node;
 `parse_launch` reads such an argv back (the simulated engine uses it to learn what it
 was started with, and fails like the real engine on a bad flag); `parse_command` reads
@@ -14,7 +17,14 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from lab.config import ConfigError, normalize_config
+from lab.config import (
+    ConfigError,
+    check_document,
+    launch_command_text,
+    normalize_fields,
+    read_config_text,
+    with_command_fields,
+)
 from lab.engines.base import (
     UNCARRIED,
     Engine,
@@ -39,6 +49,8 @@ __all__ = [
     "ParsedLaunch",
     "check_extra_args",
     "launch_view",
+    "load_config_text",
+    "normalize_config",
     "parse_command",
     "parse_launch",
     "parse_log",
@@ -62,6 +74,29 @@ def _detect(tokens: Sequence[str]) -> tuple[Engine, list[str]] | None:
         if args is not None:
             return engine, args
     return None
+
+
+def normalize_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate `data` and return a new dict with every field of `diagnostic.config/1`.
+
+    `launch_command` may stand for the model/parallel/serving/speculative/env/extra_args
+    fields; it is parsed by the engine it starts, and `engine.version`, `cluster`,
+    `workloads` and `reported` may sit beside it. `extra_args` may hold only the engine's
+    known pass-through flags. Normalizing a normalized config returns it unchanged.
+    Raises ConfigError naming the field.
+    """
+    check_document(data)
+    if "launch_command" in data:
+        parsed = parse_command(launch_command_text(data))
+        return normalize_config(with_command_fields(data, parsed))
+    config = normalize_fields(data)
+    check_extra_args(config["engine"]["name"], config["extra_args"])
+    return config
+
+
+def load_config_text(text: str, *, max_bytes: int = 65536) -> dict[str, Any]:
+    """Parse a YAML configuration (at most `max_bytes` of UTF-8) and normalize it."""
+    return normalize_config(read_config_text(text, max_bytes=max_bytes))
 
 
 def render(config: Mapping[str, Any], nodes: Sequence[Node]) -> list[dict[str, Any]]:
@@ -127,7 +162,7 @@ def parse_command(text: str) -> dict[str, Any]:
 
 
 def check_extra_args(engine: str, args: Sequence[str]) -> None:
-    """ConfigError unless `args` are known pass-through flags of `engine` (lab.config)."""
+    """ConfigError unless `args` are known pass-through flags of `engine` (normalize_config)."""
     _engine(engine).check_extra_args(args)
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
-from lab.config import ConfigError, load_config_text, normalize_config
-from lab.engines import launch_view, parse_command
+import lab.config
+from lab.config import ConfigError, normalize_fields, read_config_text
+from lab.engines import launch_view, load_config_text, normalize_config, parse_command
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
 REFERENCE_YAML = EXAMPLES / "kimi-k2-8spark-outofbox.yaml"
@@ -378,3 +380,23 @@ def test_the_reference_configuration_is_the_out_of_box_story() -> None:
     assert config["speculative"]["method"] == "eagle3"
     assert config["speculative"]["num_speculative_tokens"] == 4
     assert config["workloads"] == ["code", "prose"]
+
+
+def test_lab_config_is_a_leaf_that_never_imports_the_engines() -> None:
+    # Not even inside a function: the engines build on the configuration, not the reverse.
+    tree = ast.parse(Path(lab.config.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not [name for name in imported if name == "lab" or name.startswith("lab.")]
+
+
+def test_the_field_checks_alone_leave_flags_and_commands_to_the_engines() -> None:
+    # lab.config checks extra_args' shape; which flags an engine takes, lab.engines checks.
+    assert normalize_fields({"extra_args": ["--no-such-flag"]})["extra_args"] == ["--no-such-flag"]
+    assert error_of({"extra_args": ["--no-such-flag"]}).field == "extra_args"
+    with pytest.raises(ConfigError) as info:
+        normalize_fields({"launch_command": "vllm serve /models/kimi-k2"})
+    assert info.value.field == "launch_command"
+    structured = read_config_text(REFERENCE_YAML.read_text())
+    assert normalize_fields(structured) == load_config_text(REFERENCE_YAML.read_text())

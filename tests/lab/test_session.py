@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.config import normalize_config
+from lab.engines import normalize_config
 from lab.session import LabSession, LaunchFailed, spec_sha256
 
 from .conftest import Sshd

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from lab.clock import LabClock
-from lab.config import normalize_config
+from lab.engines import normalize_config
 from lab.sim import logfmt
 from lab.sim.http import ServingEngine
 from lab.sim.physics import decode_plan

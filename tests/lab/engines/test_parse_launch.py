@@ -16,12 +16,12 @@ from lab.config import (
     LOAD_FORMATS,
     MAX_MODEL_LEN,
     MOE_BACKENDS,
-    normalize_config,
 )
 from lab.engines import (
     UNCARRIED,
     EngineArgError,
     launch_view,
+    normalize_config,
     parse_command,
     parse_launch,
     render,

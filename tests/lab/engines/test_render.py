@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from lab.config import ConfigError, normalize_config
-from lab.engines import render
+from lab.config import ConfigError
+from lab.engines import normalize_config, render
 from lab.inventory import Node
 from tests.lab.engines.conftest import spark_nodes
 

@@ -23,7 +23,7 @@ import yaml
 from tokenizers import Tokenizer
 
 from lab.clock import LabClock
-from lab.config import normalize_config
+from lab.engines import normalize_config
 from lab.sim.http import ServingEngine
 from lab.sim.physics import decode_plan
 from lab.sim.tokenizer import count_tokens, default_cache_dir, ensure_tokenizer, load_tokenizer

@@ -24,6 +24,8 @@ import pytest
 from django.apps import apps
 from django.conf import settings
 
+from reports.content import ReportContent, build_report
+from reports.moneyback import assess
 from reports.report import RenderedReport, render
 from tests.reports.reference_story import reference_findings
 
@@ -78,6 +80,17 @@ def reference_report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Refer
     report = render(document, out, customer=CUSTOMER, as_of=ISSUED)
     yield ReferenceReport(
         document, report, pdf_text(report.pdf_path), squash(pdf_text(report.pdf_path, layout=False))
+    )
+
+
+def report_content(document: dict[str, Any]) -> ReportContent:
+    """The report's content model of `document` (no plots), issued on the fixture's lab day."""
+    return build_report(
+        document,
+        customer="Northwind",
+        money_back=assess(document, as_of=ISSUED),
+        issued=ISSUED.date(),
+        with_plots=False,
     )
 
 

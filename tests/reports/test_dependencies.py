@@ -36,6 +36,13 @@ def _imported_modules(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def test_the_scan_reaches_into_the_sections_package() -> None:
+    modules = {p.relative_to(REPORTS).as_posix() for p in REPORTS.rglob("*.py")}
+    assert {"content.py", "findings.py", "sections/fp4.py", "sections/throughput.py"} <= modules
+    imported = {m for _, m in _imported_modules(REPORTS / "content.py")}
+    assert {"reports.findings", "reports.sections.fp4"} <= imported
+
+
 def test_the_scan_catches_an_import_of_the_platform(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text(

@@ -15,7 +15,7 @@ from pypdf import PdfReader
 
 from diagnostic.jobs.findings import validate_findings
 from reports import figures as fig
-from reports.content import impact_formatters
+from reports.findings import impact_formatters
 from reports.moneyback import OverrideEntry, assess
 from reports.report import render, report_digest
 from tests.reports.conftest import (

@@ -1,0 +1,261 @@
+"""Section 3.4, delivered throughput, from `findings.measurement`: single-stream decode
+as the client received it, every run, the server's own figure beside it, and the measure
+stage's reconciliation of the two.
+
+`measurement` as the measure stage writes it (`diagnostic/pipelines/measure.py`; the
+findings schema's `workload_measurement` and `run`): `{workload}` summaries with their
+`runs[]`; `server_claimed_tps` and `server_claim_source` per workload; `reconciliation`,
+the causes that explain the claim; `reconciliation_detail`: {workload: [tested cause:
+{code, present, explains_ratio, observed_ratio, predicted_ratio, evidence}]};
+`cause_descriptions`: {cause code: plain words}, printed as given. `measurement.after`
+has the same shape for the recommended configuration measured by the same protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from reports import figures as fig
+from reports import plots
+from reports.sections.configurations import configuration_label, measurement_after
+from reports.structure import (
+    NOT_RUN,
+    Block,
+    FigureCounter,
+    StageSection,
+    as_interval,
+    as_number,
+    cause_descriptions,
+    describe_cause,
+    humanize,
+    present,
+    workloads_in,
+)
+
+
+def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, number: str) -> StageSection:
+    title = "Delivered throughput"
+    measurement = findings.get("measurement")
+    if not present(measurement):
+        return StageSection("throughput", number, title, False, [Block("paragraph", NOT_RUN)])
+    blocks: list[Block] = []
+    after = measurement_after(findings)
+    workloads = workloads_in(measurement, after)
+    rows = []
+    for workload in workloads:
+        for before, section in ((True, measurement), (False, after)):
+            block = section.get(workload)
+            if not isinstance(block, Mapping) or as_number(block.get("mean_tps")) is None:
+                continue
+            ci = as_interval(block.get("ci95"))
+            lo, hi = as_number(block.get("min_tps")), as_number(block.get("max_tps"))
+            rows.append(
+                [
+                    workload,
+                    configuration_label(findings, before, section, block),
+                    str(block.get("n", "")),
+                    fig.tps(float(block["mean_tps"])),
+                    fig.interval(ci, fig.tps) if ci else "",
+                    fig.tps(float(block["median_tps"]))
+                    if as_number(block.get("median_tps")) is not None
+                    else "",
+                    f"{fig.tps(lo)}{fig.DASH}{fig.tps(hi)}" if lo is not None and hi is not None else "",
+                    fig.milliseconds(float(block["ttft_s"]))
+                    if as_number(block.get("ttft_s")) is not None
+                    else "",
+                ]
+            )
+    blocks.append(
+        Block(
+            "paragraph",
+            "Delivered tokens per second of a single stream, counted at the client by re-tokenizing the "
+            "text it received (appendix A). The mean of per-run decode rates is given with its Student-t 95 "
+            "% interval.",
+        )
+    )
+    if rows:
+        blocks.append(
+            Block(
+                "table",
+                caption="Single-stream decode, delivered at the client.",
+                columns=[
+                    "Workload",
+                    "Configuration",
+                    "n",
+                    "Mean tok/s",
+                    "95 % interval",
+                    "Median",
+                    "Range",
+                    "TTFT",
+                ],
+                numeric=[False, False, True, True, True, True, True, True],
+                rows=rows,
+            )
+        )
+    panels: dict[str, list[plots.RunSeries]] = {}
+    for workload in workloads:
+        series = []
+        for before, section in ((True, measurement), (False, after)):
+            block = section.get(workload)
+            if not isinstance(block, Mapping):
+                continue
+            runs = [r for r in block.get("runs") or [] if as_number(r.get("decode_tps")) is not None]
+            if not runs or as_number(block.get("mean_tps")) is None:
+                continue
+            series.append(
+                plots.RunSeries(
+                    label=configuration_label(findings, before, section, block),
+                    rates=[float(r["decode_tps"]) for r in runs],
+                    mean=float(block["mean_tps"]),
+                    ci95=as_interval(block.get("ci95")),
+                )
+            )
+        if series:
+            panels[workload] = series
+    if panels:
+        compared = any(len(series) > 1 for series in panels.values())
+        plot = figures.plot(
+            plots.decode_runs,
+            "Decode rate of every measured run, per workload, for your configuration"
+            + (" and the recommended one" if compared else "")
+            + ". The line is the mean, the band and the bar at the right its 95 % interval.",
+            panels=panels,
+        )
+        if plot:
+            blocks.append(plot)
+    claimed = measurement.get("server_claimed_tps") or {}
+    if isinstance(claimed, Mapping) and claimed:
+        claim_rows = []
+        source_names = {"log": "engine log", "metrics": "/metrics"}
+        sources = measurement.get("server_claim_source") or {}
+        for workload in workloads:
+            delivered = as_number((measurement.get(workload) or {}).get("mean_tps"))
+            server = as_number(claimed.get(workload))
+            if server is None:
+                continue
+            source = sources.get(workload) if isinstance(sources, Mapping) else None
+            claim_rows.append(
+                [
+                    workload,
+                    fig.tps(delivered) if delivered is not None else "",
+                    fig.tps(server),
+                    source_names.get(str(source), str(source or "")),
+                    fig.ratio(server / delivered) if delivered else "",
+                ]
+            )
+        if claim_rows:
+            blocks.append(Block("heading", "What the server says"))
+            blocks.append(
+                Block(
+                    "paragraph",
+                    "The engine's log and its /metrics counters report their own generation throughput. We "
+                    "measured it over the same requests and report it beside the delivered rate, never "
+                    "instead of it.",
+                )
+            )
+            blocks.append(
+                Block(
+                    "table",
+                    caption="Your configuration: delivered at the client against the server's own figure.",
+                    columns=CLAIM_COLUMNS,
+                    numeric=[False, True, True, False, True],
+                    rows=claim_rows,
+                )
+            )
+            blocks.extend(_reconciliation_blocks(measurement, workloads))
+    return StageSection("throughput", number, title, True, blocks)
+
+
+CLAIM_COLUMNS = ["Workload", "Delivered tok/s", "Server claims tok/s", "Read from", "Claimed / delivered"]
+
+
+CAUSE_EVIDENCE_LABELS = {
+    "accepted": "Draft tokens accepted",
+    "drafted": "Draft tokens proposed",
+    "rejected_drafts": "Draft tokens rejected",
+    "delivered_tokens": "Tokens delivered",
+    "reasoning_tokens": "Reasoning tokens",
+    "usage_above_retokenized": "Usage above re-tokenized count",
+    "content_chunks": "Stream chunks",
+    "chunks_per_token": "Chunks per token",
+}
+
+
+def _cause_records(measurement: Mapping[str, Any], workloads: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`reconciliation_detail` as {workload: {cause code: record}} (the measure stage writes a
+    list of tested causes per workload)."""
+    details = measurement.get("reconciliation_detail") or {}
+    out: dict[str, dict[str, Any]] = {}
+    for w in workloads:
+        records = details.get(w) if isinstance(details, Mapping) else None
+        out[w] = {str(r["code"]): r for r in records or [] if isinstance(r, Mapping) and r.get("code")}
+    return out
+
+
+def _ratio_cell(value: Any) -> str:
+    number = as_number(value)
+    return fig.ratio(number) if number is not None else ""
+
+
+def _reconciliation_blocks(measurement: Mapping[str, Any], workloads: Sequence[str]) -> list[Block]:
+    """Each cause that explains the claim, with the figures that decided it per workload,
+    then the causes that were tested and ruled out."""
+    causes = [str(c) for c in measurement.get("reconciliation") or []]
+    records = _cause_records(measurement, workloads)
+    described = cause_descriptions(measurement)
+    blocks = []
+    if not causes:
+        blocks.append(Block("paragraph", "No known cause was found to explain the difference."))
+    for cause in causes:
+        blocks.append(Block("paragraph", f"{cause}: {describe_cause(described, cause)}"))
+        shown = [w for w in workloads if (records[w].get(cause) or {}).get("explains_ratio")]
+        if not shown:
+            continue
+        tested = [records[w][cause] for w in shown]
+        rows = [
+            ["Server count / delivered, observed", *(_ratio_cell(r.get("observed_ratio")) for r in tested)],
+            ["Server count / delivered, predicted", *(_ratio_cell(r.get("predicted_ratio")) for r in tested)],
+        ]
+        evidence = [r.get("evidence") or {} for r in tested]
+        keys = list(dict.fromkeys(k for e in evidence for k, v in e.items() if as_number(v) is not None))
+        for key in keys:
+            values = [as_number(e.get(key)) for e in evidence]
+            cells = ["" if v is None else fig.number(v) for v in values]
+            rows.append([CAUSE_EVIDENCE_LABELS.get(key) or humanize(key), *cells])
+        sources = {str(e["source"]) for e in evidence if e.get("source")}
+        named = {"metrics": "the server's /metrics counters", "log": "the engine's log lines"}
+        counted = f", counted from {named.get(sources.pop(), 'the server')}" if len(sources) == 1 else ""
+        blocks.append(
+            Block(
+                "table",
+                caption=f"How {cause} accounts for the difference, per workload{counted}.",
+                columns=["", *shown],
+                numeric=[False, *(True for _ in shown)],
+                rows=rows,
+            )
+        )
+    ruled_out = []
+    for code in dict.fromkeys(c for w in workloads for c in records[w]):
+        if code in causes:
+            continue
+        verdicts = []
+        for w in workloads:
+            record = records[w].get(code)
+            if record is None:
+                continue
+            note = (record.get("evidence") or {}).get("note")
+            if record.get("present"):
+                verdict = "present, but does not explain the ratio"
+            elif note and "not testable" in str(note):
+                verdict = "not testable here"
+            else:
+                verdict = "not present"
+            verdicts.append((w, verdict))
+        if len({v for _, v in verdicts}) == 1:
+            ruled_out.append(f"{code} ({verdicts[0][1]})")
+        elif verdicts:
+            ruled_out.append(f"{code} (" + "; ".join(f"{w}: {v}" for w, v in verdicts) + ")")
+    if ruled_out:
+        blocks.append(Block("paragraph", "Also tested: " + ", ".join(ruled_out) + "."))
+    return blocks

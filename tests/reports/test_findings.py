@@ -1,0 +1,80 @@
+"""Section 2's finding sections (reports.findings): any code through the generic section,
+a change as a configuration diff, and causes in the measurement's own words."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports import findings as finding_sections
+from reports.structure import NO_CAUSE_DESCRIPTION
+from tests.reports.conftest import report_content
+
+OVERCLAIM_CAUSE = "metrics.server_counts_proposed"
+
+
+def test_an_unknown_finding_code_renders_through_the_generic_section(findings: dict[str, Any]) -> None:
+    findings["findings"] = [
+        {
+            "code": "kv.prefix_cache_disabled",
+            "title": "Prefix caching is off",
+            "evidence": {
+                "summary": "Every request re-reads its system prompt.",
+                "hit_rate": 0.0,
+                "prefill_s": 1.3,
+            },
+            "change": {"flags": ["--enable-prefix-caching"]},
+            "impact": {"metric": "ttft_s", "before": 1.4, "after": 0.35, "ci95": [-1.1, -1.0], "n": 15},
+        }
+    ]
+    (section,) = report_content(findings).findings
+    assert section.code == "kv.prefix_cache_disabled"
+    assert section.lead == "Every request re-reads its system prompt."
+    assert section.why == finding_sections.GENERIC_WHY
+    assert [(r.label, r.value) for r in section.evidence] == [("Hit rate", "0 %"), ("Prefill", "1.3 s")]
+    assert section.change.flags_add == "--enable-prefix-caching"
+    (impact,) = section.impacts
+    assert (impact.metric, impact.before, impact.after) == ("Time to first token", "1.4 s", "0.35 s")
+    assert impact.demonstrated is True
+
+
+def test_a_change_renders_as_a_configuration_and_environment_diff() -> None:
+    change = finding_sections.build_change(
+        {
+            "config": {
+                "serving.moe_backend": {"from": "auto", "to": "cutlass"},
+                "serving.enforce_eager": False,
+            },
+            "env": {"VLLM_USE_FLASHINFER_MOE_FP4": None, "NCCL_SOCKET_IFNAME": "enP7s7"},
+            "flags": {"add": ["--moe-backend", "cutlass"], "remove": ["--enforce-eager"]},
+            "note": "Set it on every node.",
+            "restart": "rolling",
+        }
+    )
+    assert [(d.sign, d.text) for d in change.diff] == [
+        ("-", "serving.moe_backend: auto"),
+        ("+", "serving.moe_backend: cutlass"),
+        ("+", "serving.enforce_eager: false"),
+        ("-", "VLLM_USE_FLASHINFER_MOE_FP4  (unset it)"),
+        ("+", "NCCL_SOCKET_IFNAME=enP7s7"),
+    ]
+    assert change.flags_add == "--moe-backend cutlass"
+    assert change.flags_remove == "--enforce-eager"
+    assert change.notes == ["Set it on every node."]
+    assert [(r.label, r.value) for r in change.other] == [("Restart", "rolling")]
+
+
+def _explained_by(document: dict[str, Any]) -> str:
+    (section,) = [s for s in report_content(document).findings if s.code == "metrics.server_overclaim"]
+    return next(r.value for r in section.evidence if r.label == "Explained by")
+
+
+def test_the_overclaim_is_explained_in_the_measurement_s_own_words(findings: dict[str, Any]) -> None:
+    findings["measurement"]["cause_descriptions"][OVERCLAIM_CAUSE] = "Words the measure stage wrote."
+    assert _explained_by(findings) == f"{OVERCLAIM_CAUSE}: Words the measure stage wrote."
+
+
+def test_a_cause_the_measurement_did_not_describe_is_said_to_have_no_description(
+    findings: dict[str, Any],
+) -> None:
+    del findings["measurement"]["cause_descriptions"]
+    assert _explained_by(findings) == f"{OVERCLAIM_CAUSE}: {NO_CAUSE_DESCRIPTION}"

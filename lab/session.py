@@ -28,6 +28,9 @@ from lab.ssh import LabSSH, NodeConnection, SSHError
 log = logging.getLogger(__name__)
 
 AGENT_TIMEOUT_S = 60.0
+# The end of a dead engine's log read for its error: room for its traceback and, after it,
+# the API process' own traceback that points back at it (vLLM V1 logs both).
+FAILED_LOG_TAIL_BYTES = 16 * 1024
 
 
 class LabError(Exception):
@@ -52,9 +55,19 @@ class AgentError(LabError):
 
 
 class LaunchFailed(LabError):
-    def __init__(self, node: str, reason: str, log_tail: str) -> None:
+    """The engine exited on `node` before it served. `engine_error` is the engine's own last
+    word on why (the final exception line of its traceback, or its last error line; None
+    when its log holds none), and `reason` says both: "engine exited with code 1: ValueError:
+    not enough memory for KV cache ..."."""
+
+    def __init__(self, node: str, exit_code: int | None, log_tail: str,
+                 engine_error: str | None = None) -> None:
+        reason = f"engine exited with code {exit_code}"
+        if engine_error:
+            reason += f": {engine_error}"
         super().__init__(f"{node}: the engine did not start: {reason}")
         self.node, self.reason, self.log_tail = node, reason, log_tail
+        self.exit_code, self.engine_error = exit_code, engine_error
 
 
 class LaunchTimeout(LabError):
@@ -433,7 +446,8 @@ class LabSession:
         results = self.ssh.each(start, list(by_node))
         _raise_first(results)
         self._launched = list(by_node)
-        ready_wall = self._wait_healthy(nodes, started_wall, timeout_s)
+        engines = {spec["node"]: str(spec["engine"]) for spec in specs}
+        ready_wall = self._wait_healthy(nodes, engines, started_wall, timeout_s)
         ready_at = self.clock.at(time.time() - (time.monotonic() - ready_wall))
         # The cold start runs from the moment the last rank was started, by the nodes' own
         # clocks: the few tenths of a second our parallel SSH calls take to reach every node
@@ -466,7 +480,8 @@ class LabSession:
             start_corrections_s=corrections,
         )
 
-    def _wait_healthy(self, nodes: Sequence[Node], started_wall: float, timeout_s: float) -> float:
+    def _wait_healthy(self, nodes: Sequence[Node], engines: Mapping[str, str], started_wall: float,
+                      timeout_s: float) -> float:
         """Poll /health until it answers 200; return the monotonic time it first did.
 
         A watcher thread asks the nodes every few seconds whether the engine still runs,
@@ -485,7 +500,7 @@ class LabSession:
         def watch() -> None:
             while not done.wait(status_every):
                 try:
-                    self._check_running(nodes)
+                    self._check_running(nodes, engines)
                 except LabError as exc:
                     failure.append(exc)
                     return
@@ -514,13 +529,19 @@ class LabSession:
             done.set()
             watcher.join()
 
-    def _check_running(self, nodes: Sequence[Node]) -> None:
+    def _check_running(self, nodes: Sequence[Node], engines: Mapping[str, str]) -> None:
+        """LaunchFailed for the first node whose engine is no longer running, with the
+        error its log ends on (read by the log parser of `engines[node]`)."""
+        from lab.engines import failure_message
+
         for name, st in self.status(nodes).items():
             if isinstance(st, NodeUnreachable):
                 raise st
             if isinstance(st, dict) and not st.get("running"):
-                tail = self.logs(name, tail_bytes=4000).text
-                raise LaunchFailed(name, f"engine exited with code {st.get('exit_code')}", tail)
+                tail = self.logs(name, tail_bytes=FAILED_LOG_TAIL_BYTES).text
+                code = st.get("exit_code")
+                raise LaunchFailed(name, None if code is None else int(code), tail,
+                                   failure_message(engines[name], tail))
 
     def logs(self, node: str | None = None, since: int = 0, *, tail_bytes: int | None = None,
              max_bytes: int = 4 * 1024 * 1024) -> LogChunk:

@@ -10,10 +10,10 @@ left running for the stages after this one.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from diagnostic.jobs.context import StageContext, StopJob
+from lab.engines import parse_log
 from lab.session import LabError, LaunchFailed
 
 # Lab seconds a cold start may take before it counts as hung: the reference lab's
@@ -25,38 +25,17 @@ LOG_TAIL_CHARS = 64 * 1024
 CRASH_TAIL_CHARS = 4000
 
 
-# vLLM's refusal to start when one request of max_model_len does not fit the KV cache, in
-# its V1 wording ("To serve at least one request with the models's max seq len (262144),
-# (24.0 GiB KV cache is needed, which is larger than the available KV cache memory (3.18
-# GiB). Based on the available memory, the estimated maximum model length is 34736. ...",
-# vllm-project/vllm#34076) and its V0 wording ("The model's max seq len (32768) is larger
-# than the maximum number of tokens that can be stored in KV cache (7344)", #2418).
-_KV_V1 = re.compile(
-    r"max seq len \((\d+)\),\s*\(?([\d.]+) GiB KV cache is needed, which is larger than the available "
-    r"KV cache memory \(([\d.]+) GiB\)(?:.*?estimated maximum model length is (\d+))?",
-    re.IGNORECASE,
-)
-_KV_V0 = re.compile(
-    r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache "
-    r"\((\d+)\)",
-    re.IGNORECASE,
-)
+# What the engine's kv_budget event (lab.engines, parse_log) carries into the finding.
+KV_BUDGET_FIELDS = ("max_model_len", "kv_needed_gib", "kv_available_gib", "estimated_max_model_len")
 
 
-def kv_budget_evidence(log_tail: str) -> dict[str, Any] | None:
+def kv_budget_evidence(log_tail: str, engine: str = "vllm") -> dict[str, Any] | None:
     """What the engine said when the KV cache could not hold one request of max_model_len:
-    the configured length, the memory needed and available, and the longest that fits."""
-    if m := _KV_V1.search(log_tail):
-        evidence: dict[str, Any] = {
-            "max_model_len": int(m[1]),
-            "kv_needed_gib": float(m[2]),
-            "kv_available_gib": float(m[3]),
-        }
-        if m[4]:
-            evidence["estimated_max_model_len"] = int(m[4])
-        return evidence
-    if m := _KV_V0.search(log_tail):
-        return {"max_model_len": int(m[1]), "estimated_max_model_len": int(m[2])}
+    the configured length, the memory needed and available, and the longest that fits
+    (the figures its wording gives), read by the engines' log parser."""
+    for event in parse_log(engine, log_tail.splitlines()):
+        if event["kind"] == "kv_budget":
+            return {k: event[k] for k in KV_BUDGET_FIELDS if event.get(k) is not None}
     return None
 
 
@@ -88,9 +67,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
     try:
         launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
     except LaunchFailed as exc:
+        ctx.log(f"the engine did not start on {exc.node}: {exc.reason}")
         ctx.attach(f"engine log tail, {exc.node}", exc.log_tail)
         telemetry = _collect_telemetry(ctx, sampler_from)
-        kv = kv_budget_evidence(exc.log_tail)
+        engine = str(config["engine"]["name"])
+        kv = kv_budget_evidence(exc.log_tail, engine)
         if kv is not None:
             # The configuration itself does not fit: the customer's to change, not our lab.
             fits = kv.get("estimated_max_model_len")
@@ -118,10 +99,13 @@ def run(ctx: StageContext) -> dict[str, Any]:
             evidence={
                 "node": exc.node,
                 "reason": exc.reason,
+                "engine_error": exc.engine_error,
+                "exit_code": exc.exit_code,
                 "log_tail": exc.log_tail[-CRASH_TAIL_CHARS:],
+                # Each error the engine logged, a traceback as its final exception line.
                 "error_lines": [
-                    line for line in exc.log_tail.splitlines()
-                    if line.startswith("ERROR") or "Error" in line
+                    event["message"] for event in parse_log(engine, exc.log_tail.splitlines())
+                    if event["kind"] == "error"
                 ][-20:],
             },
             change={},

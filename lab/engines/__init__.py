@@ -6,7 +6,8 @@ the flags in `extra_args` checked); `load_config_text` does it for a YAML file.
 `render` turns a normalized configuration into one `lab.launch/1` spec per node;
 `parse_launch` reads such an argv back (the simulated engine uses it to learn what it
 was started with, and fails like the real engine on a bad flag); `parse_command` reads
-a command a customer pasted; `parse_log` turns engine log lines into events. Fields a
+a command a customer pasted; `parse_log` turns engine log lines into events and
+`failure_message` picks from them the engine's own words for why it stopped. Fields a
 command line cannot carry are listed in `UNCARRIED`; `launch_view` drops them.
 """
 
@@ -38,7 +39,7 @@ from lab.engines.base import (
     split_launch_env,
 )
 from lab.engines.command import split_command
-from lab.engines.logs import Event, parse_lines
+from lab.engines.logs import Event, failure_event, parse_lines
 from lab.engines.sglang import Sglang
 from lab.engines.vllm import Vllm
 from lab.inventory import Node
@@ -48,6 +49,7 @@ __all__ = [
     "EngineArgError",
     "ParsedLaunch",
     "check_extra_args",
+    "failure_message",
     "launch_view",
     "load_config_text",
     "normalize_config",
@@ -168,11 +170,29 @@ def check_extra_args(engine: str, args: Sequence[str]) -> None:
 
 def parse_log(engine: str, lines: Iterable[str]) -> Iterator[Event]:
     """DESIGN.md's parse-log events from an engine log, one line at a time."""
-    return parse_lines(lines, _engine(engine).log_matchers)
+    known = _engine(engine)
+    return parse_lines(lines, known.log_matchers, known.error_matchers)
 
 
 def parse_log_file(engine: str, path: str | Path) -> Iterator[Event]:
     """parse_log over a file (undecodable bytes replaced, not fatal)."""
-    matchers = _engine(engine).log_matchers
+    known = _engine(engine)
     with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
-        yield from parse_lines(handle, matchers)
+        yield from parse_lines(handle, known.log_matchers, known.error_matchers)
+
+
+# A reason longer than this is cut: it travels in one-line messages and finding titles.
+FAILURE_MESSAGE_CHARS = 600
+
+
+def failure_message(engine: str, log_text: str) -> str | None:
+    """The engine's own words for why it stopped, from (the tail of) its log: the final
+    exception line of its traceback, or its last error line (logs.failure_event says
+    which), on one line; None when the log holds no error."""
+    event = failure_event(parse_log(engine, log_text.splitlines()))
+    if event is None:
+        return None
+    message = " ".join(str(event["message"]).split())
+    if len(message) > FAILURE_MESSAGE_CHARS:
+        message = message[:FAILURE_MESSAGE_CHARS - 1].rstrip() + "…"
+    return message

@@ -280,6 +280,8 @@ class Engine(ABC):
     # Flags the lab sets per node (rank, rendezvous, HTTP address): never in a config.
     launch_dests: ClassVar[frozenset[str]]
     log_matchers: ClassVar[Sequence[Matcher]]
+    # Matchers that also read the message of every error line and traceback (logs.parse_lines).
+    error_matchers: ClassVar[Sequence[Matcher]] = ()
 
     @property
     def prog(self) -> str:

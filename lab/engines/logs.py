@@ -9,7 +9,9 @@ torch's C++ `[rank0]:[W318 08:42:30.204625808 file.cpp:715] `),
 tracks Python tracebacks across lines (one `error` event per traceback, carrying its
 final exception line, chained exceptions included), turns ERROR lines and argparse
 failures into `error` events, and reads checkpoint-shard progress bars. Each engine
-module supplies matchers for its own messages.
+module supplies matchers for its own messages, and error matchers that also read the
+message of every `error` (an engine's reason for refusing to start is usually the final
+line of a traceback); `failure_event` picks the error that says why an engine stopped.
 
 Every event has `kind` and `line` (1-based physical line; a line holding several
 carriage-return-separated progress updates yields them all under one number). When the
@@ -232,8 +234,13 @@ class _Traceback:
         # logger repeats the ERROR header on every line.
         return line.key == self.key or not line.has_header
 
+    @property
+    def tail(self) -> LogLine:
+        """The line the error is reported on: the final exception line when there is one."""
+        return self.exception or self.last or self.start
+
     def event(self) -> Event:
-        tail = self.exception or self.last or self.start
+        tail = self.tail
         # The start line may carry the stamp (SGLang logs "...: Traceback" on one line).
         out: Event = {"kind": "error", **self.start.stamp(), **tail.stamp(), "traceback": True,
                       "first_line": self.start.number}
@@ -270,17 +277,40 @@ class _Traceback:
         return False, self.event()
 
 
-def parse_lines(lines: Iterable[str], matchers: Sequence[Matcher]) -> Iterator[Event]:
-    """Events from `lines`, recognizing messages with `matchers` (first match wins)."""
+_STAMP_KEYS = ("line", "ts_text", "ts", "container_ts", "process")
+
+
+def _recognized(message: str, line: LogLine, stamp: Event, matchers: Sequence[Matcher],
+                state: dict[str, Any]) -> list[Event]:
+    """The events the first matcher that recognizes `message` returns, stamped."""
+    for matcher in matchers:
+        found = matcher(message, line, state)
+        if found:
+            return [{"kind": event.pop("kind"), **stamp, **event} for event in found]
+    return []
+
+
+def parse_lines(lines: Iterable[str], matchers: Sequence[Matcher],
+                error_matchers: Sequence[Matcher] = ()) -> Iterator[Event]:
+    """Events from `lines`, recognizing messages with `matchers` (first match wins).
+
+    Each `error` is followed by what `error_matchers` recognize in its message, under the
+    error's own stamp; a message that is no error goes to `matchers` only."""
     state: dict[str, Any] = {}
     tb: _Traceback | None = None
+
+    def error(event: Event, line: LogLine) -> Iterator[Event]:
+        yield event
+        stamp = {k: event[k] for k in _STAMP_KEYS if k in event}
+        yield from _recognized(event["message"], line, stamp, error_matchers, state)
+
     for number, physical in enumerate(lines, 1):
         for segment in physical.rstrip("\r\n").split("\r"):
             line = read_line(number, segment)
             if tb is not None:
                 consumed, finished = tb.feed(line)
                 if finished is not None:
-                    yield finished
+                    yield from error(finished, tb.tail)
                     tb = None
                 if consumed:
                     continue
@@ -292,18 +322,35 @@ def parse_lines(lines: Iterable[str], matchers: Sequence[Matcher]) -> Iterator[E
                 tb = _Traceback(start=line, key=line.key, context=context)
                 continue
             if line.level in ("ERROR", "CRITICAL"):
-                yield {"kind": "error", **line.stamp(), "traceback": False,
-                       "message": message.strip()}
+                yield from error({"kind": "error", **line.stamp(), "traceback": False,
+                                  "message": message.strip()}, line)
                 continue
             if m := _ARGPARSE_ERROR.match(message):
-                yield {"kind": "error", **line.stamp(), "traceback": False,
-                       "message": message.strip(), "prog": m["prog"]}
+                yield from error({"kind": "error", **line.stamp(), "traceback": False,
+                                  "message": message.strip(), "prog": m["prog"]}, line)
                 continue
-            for matcher in matchers:
-                found = matcher(message, line, state)
-                if found:
-                    for event in found:
-                        yield {"kind": event.pop("kind"), **line.stamp(), **event}
-                    break
+            yield from _recognized(message, line, line.stamp(), matchers, state)
     if tb is not None:
-        yield tb.event()
+        yield from error(tb.event(), tb.tail)
+
+
+# Errors that only point at an earlier one: vLLM's API process after its engine core died
+# ("Engine core initialization failed. See root cause above.", vllm/v1/engine/core_client.py;
+# EngineDeadError's "See stack trace (above) for the root cause.").
+_POINTS_ABOVE = re.compile(r"\bsee (?:the )?(?:root cause|stack trace|traceback|error) ?\(?above\)?",
+                           re.IGNORECASE)
+
+
+def failure_event(events: Iterable[Event]) -> Event | None:
+    """The `error` among `events` that says why the engine stopped, or None if none does.
+
+    An engine that fails prints its cause as a traceback, and then shutdown chatter
+    ("AsyncLLM output_handler failed.", a worker "died unexpectedly") and, from the API
+    process, an error that only points above. So: the last traceback with a final
+    exception line that does not just point above; failing that the last such error of
+    any form; failing that the last error."""
+    errors = [e for e in events if e["kind"] == "error"]
+    telling = [e for e in errors if not _POINTS_ABOVE.search(e["message"])]
+    exceptions = [e for e in telling if e.get("exception")]
+    found = exceptions or telling or errors
+    return found[-1] if found else None

@@ -296,6 +296,38 @@ def _fp4_backend(message: str, line: LogLine, state: dict[str, Any]) -> list[Eve
     return None
 
 
+# vLLM's refusal to start when one request of max_model_len does not fit the KV cache, in
+# its V1 wording ("To serve at least one request with the models's max seq len (262144),
+# (24.0 GiB KV cache is needed, which is larger than the available KV cache memory (3.18
+# GiB). Based on the available memory, the estimated maximum model length is 34736. ...",
+# vllm-project/vllm#34076; without the estimate before it was added, #16118) and its V0
+# wording ("The model's max seq len (32768) is larger than the maximum number of tokens
+# that can be stored in KV cache (7344)", #2418). The message usually ends a traceback.
+_KV_V1 = re.compile(
+    r"max seq len \((\d+)\),\s*\(?([\d.]+) GiB KV cache is needed, which is larger than the "
+    r"available KV cache memory \(([\d.]+) GiB\)(?:.*?estimated maximum model length is (\d+))?",
+    re.IGNORECASE,
+)
+_KV_V0 = re.compile(
+    r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in "
+    r"KV cache \((\d+)\)",
+    re.IGNORECASE,
+)
+
+
+def _kv_budget(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
+    """The configured length, the KV memory needed and available (GiB), and the longest
+    length that fits; a figure the wording does not give is null."""
+    if m := _KV_V1.search(message):
+        return [{"kind": "kv_budget", "max_model_len": int(m[1]), "kv_needed_gib": float(m[2]),
+                 "kv_available_gib": float(m[3]),
+                 "estimated_max_model_len": int(m[4]) if m[4] else None}]
+    if m := _KV_V0.search(message):
+        return [{"kind": "kv_budget", "max_model_len": int(m[1]), "kv_needed_gib": None,
+                 "kv_available_gib": None, "estimated_max_model_len": int(m[2])}]
+    return None
+
+
 LOG_MATCHERS: tuple[Matcher, ...] = (
     _stats,
     _specdec,
@@ -313,7 +345,9 @@ LOG_MATCHERS: tuple[Matcher, ...] = (
            extra=(("compilation_s", 2),)),
     _api_ready,
     _fp4_backend,
+    _kv_budget,
 )
+ERROR_MATCHERS: tuple[Matcher, ...] = (_kv_budget,)
 
 
 class Vllm(Engine):
@@ -331,6 +365,7 @@ class Vllm(Engine):
     launch_dests = frozenset({"nnodes", "node_rank", "master_addr", "master_port", "headless",
                               "host", "port"})
     log_matchers = LOG_MATCHERS
+    error_matchers = ERROR_MATCHERS
 
     def invocation(self, tokens: Sequence[str]) -> list[str] | None:
         if not tokens:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -25,8 +26,18 @@ def lab_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 @pytest.fixture(scope="module")
 def served_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield from serve_scenario(tmp_path_factory, "reference-kimi-k2-8spark")
+
+
+@pytest.fixture(scope="module")
+def kv_budget_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield from serve_scenario(tmp_path_factory, "fault-kv-budget")
+
+
+def serve_scenario(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """`python -m lab sim serve` of a scenario, 300 lab s per wall s; yields its inventory."""
     tmp = tmp_path_factory.mktemp("cli")
-    scenario = yaml.safe_load(scenario_path("reference-kimi-k2-8spark").read_text())
+    scenario = yaml.safe_load(scenario_path(name).read_text())
     scenario["dilation"] = 300
     path = tmp / "scenario.yaml"
     path.write_text(yaml.safe_dump(scenario))
@@ -63,6 +74,19 @@ def test_launch_prints_one_json_line_and_stop_stops_it(served_lab: Path) -> None
     res = lab_cli("stop", "--inventory", str(served_lab))
     assert res.returncode == 0, res.stderr
     assert all(v["stopped"] for v in json.loads(res.stdout).values())
+
+
+def test_a_launch_that_fails_prints_the_engines_own_error_on_one_line(kv_budget_lab: Path) -> None:
+    config = REPO / "examples" / "configs" / "kimi-k2-8spark-outofbox.yaml"
+    res = lab_cli("launch", "--inventory", str(kv_budget_lab), "--config", str(config))
+    assert res.returncode == 1
+    assert res.stdout == ""
+    (line,) = res.stderr.strip().splitlines()
+    # Not only "exited with code 1": vLLM's reason, with the context length that would fit.
+    assert line.startswith("lab launch: spark-0")
+    assert ": the engine did not start: engine exited with code 1: ValueError: not enough memory " \
+           "for KV cache" in line
+    assert re.search(r"the estimated maximum model length is \d+\.", line), line
 
 
 def test_parse_log_prints_one_event_per_recognized_line() -> None:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,10 @@ with open(os.path.join(os.getcwd(), "engine-argv.json"), "w") as fh:
     env = {{k: v for k, v in os.environ.items() if k.startswith(("NCCL", "VLLM"))}}
     json.dump({{"argv": sys.argv, "env": env}}, fh)
 if os.environ.get("FAKE_ENGINE_FAIL"):
-    print("ERROR boom: not enough memory for KV cache", flush=True)
-    sys.exit(1)
+    # As vLLM refuses a KV cache that cannot hold one request: an uncaught exception, whose
+    # traceback Python prints on stderr (the agent sends it to the log) before exiting 1.
+    print("INFO 10-11 10:42:13 [gpu_worker.py:298] Available KV cache memory: 0.37 GiB", flush=True)
+    raise ValueError("not enough memory for KV cache: " + os.environ["FAKE_ENGINE_FAIL"])
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
@@ -50,7 +53,7 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def session(sshd: Sshd) -> LabSession:
+def session(sshd: Sshd) -> Iterator[LabSession]:
     engine = sshd.bin_dir / "vllm"
     engine.write_text(FAKE_ENGINE.format(python=sys.executable))
     engine.chmod(0o755)
@@ -103,12 +106,19 @@ def test_a_hostile_configuration_value_reaches_the_engine_as_one_literal_argumen
     assert "Starting vLLM API server" in session.logs().text
 
 
-def test_a_launch_that_dies_reports_the_log_tail(session: LabSession) -> None:
+def test_a_launch_that_dies_says_what_the_engine_said(session: LabSession) -> None:
     config = one_node_config()
-    config["env"] = {"FAKE_ENGINE_FAIL": "1"}
+    why = "the estimated maximum model length is 1863"
+    config["env"] = {"FAKE_ENGINE_FAIL": why}
     with pytest.raises(LaunchFailed) as info:
         session.launch(config, cold=False, timeout_s=60)
-    assert "not enough memory for KV cache" in info.value.log_tail
+    failed = info.value
+    assert "Traceback (most recent call last):" in failed.log_tail
+    # The final exception line of the engine's traceback, not only its exit code.
+    assert failed.exit_code == 1
+    assert failed.engine_error == f"ValueError: not enough memory for KV cache: {why}"
+    assert failed.reason == f"engine exited with code 1: {failed.engine_error}"
+    assert str(failed) == f"node-a: the engine did not start: {failed.reason}"
 
 
 def test_it_fetches_the_tokenizer_from_the_model_directory(session: LabSession, tmp_path: Path) -> None:

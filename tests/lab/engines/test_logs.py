@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from lab.engines import parse_log, parse_log_file
+from lab.engines import FAILURE_MESSAGE_CHARS, failure_message, parse_log, parse_log_file
 from lab.engines.logs import normalize_backend, read_line, seconds_of_year
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KINDS = {"stats", "specdec", "weights_loaded", "model_loaded", "graph_capture", "engine_init",
-         "fp4_backend", "api_ready", "error", "shard_progress", "compile"}
+         "fp4_backend", "api_ready", "error", "shard_progress", "compile", "kv_budget"}
 
 
 def fixture(name: str) -> list[dict[str, Any]]:
@@ -129,13 +129,102 @@ def test_vllm_v0_metrics_and_speculative_lines() -> None:
 
 def test_an_engine_core_traceback_is_one_error_with_its_exception() -> None:
     events = fixture("vllm_engine_core_failed.log")
-    assert kinds(events) == ["compile", "error", "error"]
-    logged, traceback = events[1], events[2]
+    assert kinds(events) == ["compile", "error", "error", "kv_budget"]
+    logged, traceback, kv = events[1], events[2], events[3]
     assert (logged["message"], logged["traceback"]) == ("EngineCore failed to start.", False)
     assert traceback["traceback"] is True
     assert (traceback["first_line"], traceback["line"]) == (7, 15)
     assert traceback["exception"] == "ValueError"
     assert traceback["message"].startswith("ValueError: To serve at least one request")
+    # The refusal read from the traceback's final line, under that line's stamp.
+    assert kv == {"kind": "kv_budget", "line": 15, "ts_text": "10-11 10:42:14",
+                  "ts": seconds_of_year(10, 11, 10, 42, 14, None),
+                  "process": "EngineCore_DP0 pid=1937911", "max_model_len": 131072,
+                  "kv_needed_gib": 4.11, "kv_available_gib": 4.0,
+                  "estimated_max_model_len": 127776}
+
+
+# vLLM's KV-budget refusal: V1's wording as quoted in vllm-project/vllm#34076 (with the
+# estimate) and #16118 (before the estimate was added); V0's as quoted in vllm-project/vllm#2418.
+KV_V1 = ("ValueError: To serve at least one request with the models's max seq len (262144), (24.0 GiB "
+         "KV cache is needed, which is larger than the available KV cache memory (3.18 GiB). Based on "
+         "the available memory, the estimated maximum model length is 34736. Try increasing "
+         "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+KV_V1_NO_ESTIMATE = (
+    "ValueError: To serve at least one request with the models's max seq len (1048576), (24.00 GiB KV "
+    "cache is needed, which is larger than the available KV cache memory (9.97 GiB). Try increasing "
+    "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+KV_V0 = ("ValueError: The model's max seq len (4096) is larger than the maximum number of tokens that "
+         "can be stored in KV cache (3664). Try increasing `gpu_memory_utilization` or decreasing "
+         "`max_model_len` when initializing the engine.")
+KV_FIGURES = [
+    (KV_V1, {"max_model_len": 262144, "kv_needed_gib": 24.0, "kv_available_gib": 3.18,
+             "estimated_max_model_len": 34736}),
+    (KV_V1_NO_ESTIMATE, {"max_model_len": 1048576, "kv_needed_gib": 24.0, "kv_available_gib": 9.97,
+                         "estimated_max_model_len": None}),
+    (KV_V0, {"max_model_len": 4096, "kv_needed_gib": None, "kv_available_gib": None,
+             "estimated_max_model_len": 3664}),
+]
+
+
+@pytest.mark.parametrize(("message", "figures"), KV_FIGURES)
+@pytest.mark.parametrize("form", ["bare line", "error line", "end of a traceback"])
+def test_the_kv_budget_refusal_is_read_in_every_wording_and_form(
+        message: str, figures: dict[str, Any], form: str) -> None:
+    lines = {
+        "bare line": [f"(EngineCore_DP0 pid=1094) {message}\n"],
+        "error line": [f"ERROR 04-05 01:12:55 [core.py:390] {message}\n"],
+        "end of a traceback": ["Traceback (most recent call last):\n",
+                               '  File "core.py", line 92, in __init__\n',
+                               "    raise ValueError(\n", f"{message}\n"],
+    }[form]
+    events = list(parse_log("vllm", ["INFO 04-05 01:12:50 [core.py:1] earlier line\n", *lines,
+                                     "INFO 04-05 01:12:56 [launcher.py:80] Shutting down\n"]))
+    (kv,) = [e for e in events if e["kind"] == "kv_budget"]
+    assert {k: v for k, v in kv.items() if k in figures} == figures
+    assert kv["line"] == 1 + len(lines)
+    # An error line or a traceback is still its error, followed by the figures read from it.
+    if form != "bare line":
+        assert kinds(events) == ["error", "kv_budget"]
+        assert events[0]["message"].endswith(message)
+
+
+def test_other_start_failures_and_other_engines_give_no_kv_budget() -> None:
+    other = list(parse_log("vllm", ["ERROR 04-05 01:12:55 [core.py:390] RuntimeError: NCCL error: "
+                                    "unhandled system error\n"]))
+    assert kinds(other) == ["error"]
+    assert "kv_budget" not in kinds(list(parse_log("sglang", [KV_V1 + "\n"])))
+
+
+def test_failure_message_is_the_exception_that_stopped_the_engine() -> None:
+    text = (FIXTURES / "vllm_engine_core_failed.log").read_text()
+    assert failure_message("vllm", text) == KV_V1.replace(
+        "(262144), (24.0", "(131072), (4.11").replace("(3.18 GiB)", "(4.0 GiB)").replace(
+        "34736", "127776")
+
+
+def test_failure_message_skips_an_error_that_points_above_and_the_shutdown_chatter() -> None:
+    core = [f"(EngineCore_DP0 pid=7) ERROR 10-11 10:42:14 [core.py:708] {line}" for line in (
+        "EngineCore failed to start.", "Traceback (most recent call last):",
+        '  File "core.py", line 92, in __init__', "    raise ValueError(", KV_V1)]
+    api = [f"(APIServer pid=1) {line}" for line in (
+        "Traceback (most recent call last):", '  File "/usr/local/bin/vllm", line 8, in <module>',
+        "    sys.exit(main())",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")]
+    chatter = ["(APIServer pid=1) ERROR 10-11 10:42:15 [async_llm.py:485] AsyncLLM output_handler failed."]
+    assert failure_message("vllm", "\n".join(core + api + chatter)) == KV_V1
+    # When the pointer is all there is, it is what the engine said.
+    only = (FIXTURES / "vllm_plain_traceback.log").read_text()
+    assert failure_message("vllm", only) == ("RuntimeError: Engine core initialization failed. "
+                                             "See root cause above.")
+
+
+def test_failure_message_of_an_argparse_refusal_a_clean_log_and_a_long_error() -> None:
+    refused = "usage: vllm serve [model_tag] [options]\nvllm serve: error: unrecognized arguments: --foo\n"
+    assert failure_message("vllm", refused) == "vllm serve: error: unrecognized arguments: --foo"
+    assert failure_message("vllm", "INFO 09-01 12:00:00 [x.py:1] start\n") is None
+    long = failure_message("vllm", "ERROR 09-01 12:00:01 [core.py:1] " + "x" * 5000 + "\n")
+    assert long is not None and len(long) == FAILURE_MESSAGE_CHARS and long.endswith("…")
 
 
 def test_a_chained_traceback_is_one_error_with_the_final_exception() -> None:

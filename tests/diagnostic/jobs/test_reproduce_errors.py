@@ -1,0 +1,55 @@
+"""A configuration that does not start: the reproduce stage reports the engine's own words.
+
+`manage.py diagnose` against the simulated lab with a configuration the engine refuses
+(an FP4 MoE kernel the lab's vLLM build does not have), and what a consultant then reads:
+the stage's log, the `lab.engine_crash` finding's title and evidence, and why the job
+stopped all carry the engine's final exception line, not only its exit code.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from diagnostic.jobs.findings import validate_findings
+from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO
+from tests.diagnostic.doubles import fast_scenario
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# The simulated vLLM knows the kernels of the scenario's speed table; triton is a valid
+# --moe-backend value that it does not have, so it raises at model construction.
+ENGINE_ERROR = "ValueError: Unknown NVFP4 backend 'triton'; supported: cutlass, flashinfer_cutlass, marlin"
+
+
+def test_a_start_the_engine_refuses_is_reported_with_the_engines_error(
+    tmp_path: Path, sim_state_dir: Path
+) -> None:
+    config = tmp_path / "triton.yaml"
+    config.write_text(REFERENCE_CONFIG.read_text().replace("moe_backend: auto", "moe_backend: triton"))
+    out = tmp_path / "out"
+    with pytest.raises(CommandError, match="reproduce: the configuration did not start") as stopped:
+        call_command("diagnose", "--config", str(config), "--lab",
+                     f"sim:{fast_scenario(tmp_path, REFERENCE_SCENARIO)}", "--out", str(out),
+                     "--stages", "preflight,reproduce", stdout=io.StringIO())
+    reason = f"engine exited with code 1: {ENGINE_ERROR}"
+    assert reason in str(stopped.value)
+
+    document = json.loads((out / "findings.json").read_text())
+    validate_findings(document)
+    (finding,) = [f for f in document["findings"] if f["code"] == "lab.engine_crash"]
+    node = finding["evidence"]["node"]
+    assert finding["title"] == f"The engine did not start on {node}: {reason}"
+    evidence = finding["evidence"]
+    assert (evidence["reason"], evidence["engine_error"], evidence["exit_code"]) == \
+        (reason, ENGINE_ERROR, 1)
+    # Errors as the log parser reads them: the traceback is one error, its final line.
+    assert evidence["error_lines"][-1] == ENGINE_ERROR
+    assert "Traceback (most recent call last):" in evidence["log_tail"]
+
+    log = (out / "logs" / "01-reproduce.log").read_text()
+    assert f"the engine did not start on {node}: {reason}" in log

@@ -5,8 +5,9 @@ walks LAB_MODEL.md section 5's phases on the lab clock -- process start, weights
 distributed init (every rank waits for the slowest at the rendezvous), kernel JIT, KV
 cache allocation, graph capture, API ready -- writing the engine's log lines in vLLM's
 (or SGLang's) own formats with lab-time stamps, and recording on the node what each
-phase does to the hardware, from which the node synthesizes telemetry. On the head
-node the API phase ends by starting the serving engine (lab/sim/http.py).
+phase does to the node's hardware (lab/sim/hardware.py), from which the node synthesizes
+telemetry. On the head node the API phase ends by starting the serving engine
+(lab/sim/http.py). The engine sees its node only through `EngineHost`.
 
 Every duration follows from the scenario and the parsed launch alone, so a cold start
 is deterministic given the scenario and seed; only the wall clock's scheduling jitters.
@@ -23,13 +24,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from lab.clock import LabClock
 from lab.sim import logfmt
+from lab.sim.hardware import NodeHardware
+from lab.sim.scenario import Scenario
 
 if TYPE_CHECKING:
     from lab.sim.http import ServingEngine
-    from lab.sim.node import SimNode
+    from lab.sim.node import NodePaths
 
 SHARDS = 64
 GIB = 1024**3
@@ -203,6 +207,28 @@ class RendezvousHub:
 # -- the process --------------------------------------------------------------------------
 
 
+class EngineHost(Protocol):
+    """The parts of a node (`lab.sim.node.SimNode`) an engine process runs on: its name,
+    scenario and clock, the rendezvous of its lab, its files, and its hardware timeline."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def scenario(self) -> Scenario: ...
+    @property
+    def clock(self) -> LabClock: ...
+    @property
+    def hub(self) -> RendezvousHub: ...
+    @property
+    def paths(self) -> NodePaths: ...
+    @property
+    def hardware(self) -> NodeHardware: ...
+    @property
+    def launch_count(self) -> int: ...
+    def host_path(self, node_path: str) -> Path: ...
+    def engine_versions(self) -> dict[str, str | None]: ...
+
+
 @dataclass
 class Phase:
     name: str
@@ -217,7 +243,7 @@ class Phase:
 class EngineProcess:
     """One engine process on one node, from launch to exit."""
 
-    def __init__(self, node: SimNode, *, pid: int, spec: dict[str, Any], log_path: Path,
+    def __init__(self, node: EngineHost, *, pid: int, spec: dict[str, Any], log_path: Path,
                  started: float, spec_sha256: str | None = None) -> None:
         self.node = node
         self.clock = node.clock
@@ -292,7 +318,7 @@ class EngineProcess:
                 self.server.stop()
             finally:
                 self.server = None
-        self.node.record_exit(self, now)
+        self.node.hardware.record_exit(now)
         self.exit_code = code
         self._done.set()
 
@@ -304,7 +330,7 @@ class EngineProcess:
 
     def stamp(self, t: float) -> float:
         """Lab time t as the node's clock reads it: what the log's timestamps show."""
-        return self.node.node_time(t)
+        return self.node.hardware.node_time(t)
 
     def info(self, t: float, source: str, message: str, level: str = "INFO") -> None:
         t = self.stamp(t)
@@ -353,7 +379,7 @@ class EngineProcess:
         phase = Phase(name, start, end)
         self.phases.append(phase)
         if activity is not None:
-            self.node.record_activity(start, end, activity or name, params)
+            self.node.hardware.record_activity(start, end, activity or name, params)
         return phase
 
     # -- the cold start -----------------------------------------------------------------------
@@ -409,7 +435,7 @@ class EngineProcess:
 
         # 5. KV profiling and cache allocation (a collective: the ranks meet again)
         if self.group is not None:
-            self.node.record_activity(t, math.inf, "wait", {})
+            self.node.hardware.record_activity(t, math.inf, "wait", {})
             released = self.group.arrive("kv", self, t, stall_if_env_wrong=False).release
             assert released is not None
             self._phase("kv_wait", t, released, "wait")
@@ -423,7 +449,7 @@ class EngineProcess:
         kv_gib = self._kv_report(kv_end, serving, weights_gib)
         if kv_gib is None:
             return 1
-        self.node.engine_memory(kv_end, weights_gib + kv_gib)
+        self.node.hardware.engine_memory(kv_end, weights_gib + kv_gib)
         t = kv_end
         is_api_server = not parsed.headless and self.rank == 0
         port = int(parsed.port or 8000)
@@ -522,7 +548,7 @@ class EngineProcess:
         weights = weights_per_node_gb(self.node.scenario.model, nodes_used)
         loader = loader_for(config)
         read_gbs = load["mmap_read_gbs"] if loader == "mmap" else load["nvme_read_gbs"]
-        cached = min(self.node.weights_cached_gb, weights)
+        cached = min(self.node.hardware.weights_cached_gb, weights)
         cache_s = cached / load["page_cache_gbs"]
         disk_s = (weights - cached) / read_gbs
         total = cache_s + disk_s
@@ -530,11 +556,11 @@ class EngineProcess:
         self._phase("weights_load", t, end, None, loader=loader)
         # Hardware activity: first what the page cache still holds, then the disk.
         if cache_s > 0:
-            self.node.record_activity(t, t + cache_s, "load_cache", {})
+            self.node.hardware.record_activity(t, t + cache_s, "load_cache", {})
         if disk_s > 0:
-            self.node.record_activity(t + cache_s, end, f"load_{loader}", {"read_gbs": read_gbs})
-        self.node.begin_load(t + cache_s, end, cached, weights, loader)
-        self.node.engine_memory_ramp(t, end, weights * 1e9 / GIB)
+            self.node.hardware.record_activity(t + cache_s, end, f"load_{loader}", {"read_gbs": read_gbs})
+        self.node.hardware.begin_load(t + cache_s, end, cached, weights, loader)
+        self.node.hardware.engine_memory_ramp(t, end, weights * 1e9 / GIB)
 
         def shard_done(i: int) -> float:
             gb = (i + 1) / SHARDS * weights
@@ -553,7 +579,7 @@ class EngineProcess:
             self.at(done_at)
             self.info(done_at, "weight_utils.py:470", logfmt.shard_progress(i + 1, SHARDS, done_at - t))
         self.at(end)
-        self.node.finish_load(end, weights)
+        self.node.hardware.finish_load(end, weights)
         gib = weights * 1e9 / GIB
         if self.engine == "sglang":
             avail = self.node.scenario.node["cuda_free_gib"] - gib
@@ -582,7 +608,7 @@ class EngineProcess:
             # its bootstrap retries over the management network while the others wait.
             own_env_ok = all(self.env.get(v) == want for v, want in self.group.needs.items())
             retrying = self.rank == self.group.late_rank and not own_env_ok
-            self.node.record_activity(t, math.inf, "rendezvous_wait", {"late": retrying})
+            self.node.hardware.record_activity(t, math.inf, "rendezvous_wait", {"late": retrying})
             barrier = self.group.arrive("init", self, t, stall_if_env_wrong=True)
             assert barrier.release is not None
             release = barrier.release

@@ -26,6 +26,7 @@ import random
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ DEFAULT_GRACE_S = 20.0  # SIGTERM to SIGKILL; below the platform's 60 s call tim
 SAMPLER_STOP_WAIT_S = 5.0
 DEFAULT_LOG_MAX = 1 << 20
 NVIDIA_SMI_TIMEOUT_S = 10.0
+IP_COMMAND_TIMEOUT_S = 10.0
 SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors whatever the device's size
 
 FP4_BACKENDS = ("reference", "cutlass", "flashinfer_cutlass")
@@ -78,6 +80,28 @@ def usage_error(message: str) -> AgentError:
 
 # -- /proc and /sys readers ---------------------------------------------------------------
 
+# Where the agent reads /proc and /sys. A node never sets these; tests point them at a
+# fake tree to check the readers against a machine they describe (a GB10 with RDMA NICs).
+PROC_ROOT = os.environ.get("LAB_AGENT_PROC_ROOT") or "/proc"
+SYS_ROOT = os.environ.get("LAB_AGENT_SYS_ROOT") or "/sys"
+
+
+def proc_file(rel: str) -> str:
+    return f"{PROC_ROOT.rstrip('/')}/{rel}"
+
+
+def sys_file(rel: str) -> str:
+    return f"{SYS_ROOT.rstrip('/')}/{rel}"
+
+
+def list_dir(path: str) -> list[str]:
+    """The sorted entries of a folder, or none when it is missing or unreadable."""
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
 def read_text(path: str) -> str | None:
     """The file's text, or None when it does not exist or cannot be read."""
     try:
@@ -100,7 +124,7 @@ def read_int(path: str) -> int | None:
 def meminfo() -> dict[str, int]:
     """/proc/meminfo in KiB (the kernel's "kB")."""
     values: dict[str, int] = {}
-    for line in (read_text("/proc/meminfo") or "").splitlines():
+    for line in (read_text(proc_file("meminfo")) or "").splitlines():
         name, _, rest = line.partition(":")
         parts = rest.split()
         if parts and parts[0].isdigit():
@@ -122,7 +146,7 @@ class ProcStat:
 
 
 def proc_stat(pid: int) -> ProcStat | None:
-    text = read_text(f"/proc/{pid}/stat")
+    text = read_text(proc_file(f"{pid}/stat"))
     if text is None:
         return None
     # The command name is in parentheses and may itself contain spaces or ')'.
@@ -139,13 +163,13 @@ def is_running(pid: int, starttime: int | None) -> bool:
 
 
 def boot_id() -> str | None:
-    text = read_text("/proc/sys/kernel/random/boot_id")
+    text = read_text(proc_file("sys/kernel/random/boot_id"))
     return text.strip() if text else None
 
 
 def process_ids() -> list[int]:
     try:
-        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+        return [int(name) for name in os.listdir(PROC_ROOT) if name.isdigit()]
     except OSError:
         return []
 
@@ -238,23 +262,138 @@ def gpus() -> list[dict[str, Any]]:
     return found
 
 
-def nics() -> list[dict[str, Any]]:
+RTF_UP = 0x1  # /proc/net/route's flag of a usable route
+
+
+def ipv4_number(hex_word: str) -> int:
+    """An address or mask from /proc/net/route: the kernel prints the network-order bytes
+    as one native-endian word, so they are turned back into bytes first."""
+    return int.from_bytes(struct.pack("=I", int(hex_word, 16)), "big")
+
+
+def dotted(number: int) -> str:
+    return socket.inet_ntoa(number.to_bytes(4, "big"))
+
+
+def ipv4_routes() -> list[tuple[str, int, int]]:
+    """(interface, destination, mask) of every usable route in the main table."""
+    routes = []
+    for line in (read_text(proc_file("net/route")) or "").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        try:
+            flags = int(fields[3], 16)
+            dest, mask = ipv4_number(fields[1]), ipv4_number(fields[7])
+        except (ValueError, struct.error):
+            continue
+        if flags & RTF_UP:
+            routes.append((fields[0], dest, mask))
+    return routes
+
+
+def local_ipv4_from_fib_trie() -> list[str]:
+    """The host's own addresses: the leaves /proc/net/fib_trie marks `/32 host LOCAL`."""
+    found: list[str] = []
+    leaf = None
+    for line in (read_text(proc_file("net/fib_trie")) or "").splitlines():
+        text = line.strip()
+        if text.startswith("|-- "):
+            leaf = text[4:]
+        elif text.startswith("/32 host LOCAL") and leaf is not None and leaf not in found:
+            found.append(leaf)
+    return found
+
+
+def ipv4_from_proc(routes: list[tuple[str, int, int]]) -> dict[str, list[str]]:
+    """Each local address on the interface whose connected route holds it (the longest
+    such prefix); fib_trie names no interfaces, the routes do. Loopback is left out."""
+    by_nic: dict[str, list[str]] = {}
+    for address in local_ipv4_from_fib_trie():
+        try:
+            number = int.from_bytes(socket.inet_aton(address), "big")
+        except OSError:
+            continue
+        if number >> 24 == 127:
+            continue
+        holding = [(mask, nic) for nic, dest, mask in routes if mask and number & mask == dest]
+        if holding:
+            mask, nic = max(holding)
+            by_nic.setdefault(nic, []).append(f"{address}/{bin(mask).count('1')}")
+    return by_nic
+
+
+def ipv4_from_ip_command() -> dict[str, list[str]] | None:
+    """`ip -j -4 addr`: exact even when two interfaces share a subnet. None when there is
+    no `ip`, or one too old for JSON."""
+    exe = shutil.which("ip")
+    if exe is None:
+        return None
     try:
-        names = sorted(os.listdir("/sys/class/net"))
-    except OSError:
+        res = subprocess.run([exe, "-j", "-4", "addr", "show"], capture_output=True, text=True,
+                             timeout=IP_COMMAND_TIMEOUT_S, check=False)
+        links = json.loads(res.stdout) if res.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if not isinstance(links, list):
+        return None
+    by_nic: dict[str, list[str]] = {}
+    for link in links:
+        if not isinstance(link, dict) or not isinstance(link.get("ifname"), str):
+            continue
+        for info in link.get("addr_info") or []:
+            if isinstance(info, dict) and info.get("family") == "inet" and "local" in info:
+                by_nic.setdefault(link["ifname"], []).append(f"{info['local']}/{info.get('prefixlen', 32)}")
+    return by_nic
+
+
+def ipv4_addresses(routes: list[tuple[str, int, int]]) -> dict[str, list[str]]:
+    # `ip` asks the kernel, not the /proc tree, so it is used only on the real /proc.
+    if PROC_ROOT == "/proc":
+        found = ipv4_from_ip_command()
+        if found is not None:
+            return found
+    return ipv4_from_proc(routes)
+
+
+def nics() -> list[dict[str, Any]]:
+    names = [n for n in list_dir(sys_file("class/net")) if n != "lo"]
+    if not names:
         return []
+    routes = ipv4_routes()
+    addresses = ipv4_addresses(routes)
+    default_via = {nic for nic, dest, mask in routes if dest == 0 and mask == 0}
     found = []
     for name in names:
-        if name == "lo":
-            continue
-        base = f"/sys/class/net/{name}"
+        base = sys_file(f"class/net/{name}")
         speed = read_int(f"{base}/speed")  # EINVAL when the link is down or virtual
         found.append({
             "name": name,
             "speed_mbps": speed if speed is not None and speed > 0 else None,
             "mtu": read_int(f"{base}/mtu"),
             "operstate": (read_text(f"{base}/operstate") or "unknown").strip() or "unknown",
+            "ipv4": addresses.get(name, []),
+            "default_route": name in default_via,
         })
+    return found
+
+
+RDMA_PORT_STATES = ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")
+
+
+def rdma_devices() -> list[dict[str, Any]]:
+    """Every RDMA device with its net device and port states: the names NCCL_IB_HCA takes."""
+    found = []
+    for name in list_dir(sys_file("class/infiniband")):
+        base = sys_file(f"class/infiniband/{name}")
+        net = list_dir(f"{base}/device/net")
+        ports = []
+        for port in sorted(int(p) for p in list_dir(f"{base}/ports") if p.isdigit()):
+            # The kernel writes the state as "4: ACTIVE"; the name is what people read.
+            raw = (read_text(f"{base}/ports/{port}/state") or "").strip()
+            state = raw.partition(":")[2].strip() if ":" in raw else raw
+            ports.append({"port": port, "state": state if state in RDMA_PORT_STATES else "unknown"})
+        found.append({"name": name, "net_device": net[0] if net else None, "ports": ports})
     return found
 
 
@@ -292,6 +431,7 @@ def facts(args: argparse.Namespace) -> dict[str, Any]:
         "mem_available_kib": mem.get("MemAvailable", 0),
         "gpus": gpus(),
         "nics": nics(),
+        "rdma": rdma_devices(),
         "model_dir": model_dir_facts(args.model_dir),
         "engines": engine_versions(),
         "python": platform.python_version(),
@@ -391,16 +531,16 @@ def whole_disks() -> set[str]:
     virtual devices (loop, ram, zram, device-mapper, md), whose reads would count the
     same bytes twice."""
     try:
-        names = os.listdir("/sys/block")
+        names = os.listdir(sys_file("block"))
     except OSError:
         return set()
-    return {n for n in names if "/virtual/" not in os.path.realpath(f"/sys/block/{n}")}
+    return {n for n in names if "/virtual/" not in os.path.realpath(sys_file(f"block/{n}"))}
 
 
 def disk_sectors_read() -> int:
     disks = whole_disks()
     total = 0
-    for line in (read_text("/proc/diskstats") or "").splitlines():
+    for line in (read_text(proc_file("diskstats")) or "").splitlines():
         fields = line.split()
         if len(fields) >= 6 and fields[2] in disks:
             total += int(fields[5])
@@ -409,7 +549,7 @@ def disk_sectors_read() -> int:
 
 def net_bytes() -> dict[str, tuple[int, int]]:
     counters: dict[str, tuple[int, int]] = {}
-    for line in (read_text("/proc/net/dev") or "").splitlines()[2:]:
+    for line in (read_text(proc_file("net/dev")) or "").splitlines()[2:]:
         name, _, rest = line.partition(":")
         fields = rest.split()
         name = name.strip()
@@ -421,7 +561,7 @@ def net_bytes() -> dict[str, tuple[int, int]]:
 
 def cpu_ticks() -> list[int]:
     """Aggregate jiffies: user nice system idle iowait irq softirq steal."""
-    for line in (read_text("/proc/stat") or "").splitlines():
+    for line in (read_text(proc_file("stat")) or "").splitlines():
         if line.startswith("cpu "):
             ticks = [int(x) for x in line.split()[1:9]]
             return ticks + [0] * (8 - len(ticks))
@@ -431,7 +571,7 @@ def cpu_ticks() -> list[int]:
 def compiler_processes() -> int:
     count = 0
     for pid in process_ids():
-        comm = read_text(f"/proc/{pid}/comm")
+        comm = read_text(proc_file(f"{pid}/comm"))
         if comm is not None and comm.strip() in COMPILERS:
             count += 1
     return count

@@ -118,6 +118,20 @@ def load_seconds(weights_gb: float, cached_gb: float, read_gbs: float, page_cach
 # -- the rendezvous ----------------------------------------------------------------------
 
 
+def env_meets(env: dict[str, str], needs: dict[str, str]) -> bool:
+    """Whether a rank's environment sets every variable the rendezvous needs. NCCL reads
+    NCCL_IB_HCA as a list of devices, so their order and spacing do not matter."""
+    for var, want in needs.items():
+        got = env.get(var)
+        if var == "NCCL_IB_HCA" and got is not None:
+            if sorted(d.strip() for d in got.split(",")) != sorted(d.strip() for d in want.split(",")):
+                return False
+        elif got != want:
+            return False
+    return True
+
+
+
 @dataclass
 class _Barrier:
     arrivals: dict[int, float] = field(default_factory=dict)
@@ -151,10 +165,7 @@ class RendezvousGroup:
 
     def env_ok(self) -> bool:
         """Every rank's NCCL variables name the interfaces the data path needs."""
-        return all(
-            all(m.env.get(var) == want for var, want in self.needs.items())
-            for m in self.members.values()
-        )
+        return all(env_meets(m.env, self.needs) for m in self.members.values())
 
     def arrive(self, name: str, member: EngineProcess, t: float, *, stall_if_env_wrong: bool) -> _Barrier:
         """Wait (on the lab clock) until every rank reached barrier `name`; its release time."""
@@ -606,7 +617,7 @@ class EngineProcess:
             self.group = self.node.hub.join(self, key, nnodes)
             # Whether this node is the one that comes late shows in its own traffic at once:
             # its bootstrap retries over the management network while the others wait.
-            own_env_ok = all(self.env.get(v) == want for v, want in self.group.needs.items())
+            own_env_ok = env_meets(self.env, self.group.needs)
             retrying = self.rank == self.group.late_rank and not own_env_ok
             self.node.hardware.record_activity(t, math.inf, "rendezvous_wait", {"late": retrying})
             barrier = self.group.arrive("init", self, t, stall_if_env_wrong=True)

@@ -1,11 +1,11 @@
 """A simulated node's hardware over lab time: what it is doing, what its memory and page
-cache hold, and the telemetry those add up to.
+cache hold, its NICs and RDMA devices, and the telemetry those add up to.
 
 The engine (lab/sim/engine.py) tells the hardware what each phase does to it -- an
 activity, a load streaming into page cache, memory the engine holds, the process's end --
-and the node agent (lab/sim/node.py) reads back samples at 1 Hz of lab time. LAB_MODEL.md
-section 5 gives the signatures. Nothing here names the scenario's truth: only what a
-node's /proc and /sys would show.
+and the node agent (lab/sim/node.py) reads back samples at 1 Hz of lab time and the
+facts of its network. LAB_MODEL.md sections 1 and 5 give the signatures. Nothing here
+names the scenario's truth: only what a node's /proc and /sys would show.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from lab.sim.scenario import Scenario
+from lab.sim.scenario import Scenario, rdma_device_names
 
 KIB_PER_GIB = 1024 * 1024
 BASE_USED_GIB = 3.6  # the OS, the desktop services and the agent itself
 BASE_CACHED_GIB = 1.4  # page cache that is not model weights
+NIC_MTU = 1500
+RDMA_PORT_STATE = "ACTIVE"  # a cabled ConnectX-7 port with its link up
 
 
 @dataclass
@@ -69,6 +71,12 @@ class Series:
     def cut(self, t: float) -> None:
         """Hold the value reached at t from then on."""
         self._truncate(t)
+
+
+def node_ipv4(nic_index: int, node_index: int) -> str:
+    """A made-up address: one /24 per NIC position (management first), one host per node,
+    so the same NIC of every node shares a subnet as it would behind one switch."""
+    return f"10.{10 + nic_index}.0.{11 + node_index}/24"
 
 
 class NodeHardware:
@@ -175,6 +183,25 @@ class NodeHardware:
         available = int(max(0.0, total - used))
         cached = int((BASE_CACHED_GIB + cache) * KIB_PER_GIB)
         return total, available, cached
+
+    def nic_facts(self) -> list[dict[str, Any]]:
+        """Each NIC as the agent's facts describe it, by name as /sys/class/net lists them;
+        the management NIC holds the default route."""
+        nics = self.scenario.node["nics"]
+        data_mbps = round(self.data_link_gbps() * 1000)
+        found = [{"name": nics["mgmt"], "speed_mbps": round(nics["mgmt_gbps"] * 1000), "mtu": NIC_MTU,
+                  "operstate": "up", "ipv4": [node_ipv4(0, self.index)], "default_route": True}]
+        for i, name in enumerate(nics["data"], start=1):
+            found.append({"name": name, "speed_mbps": data_mbps, "mtu": NIC_MTU, "operstate": "up",
+                          "ipv4": [node_ipv4(i, self.index)], "default_route": False})
+        return sorted(found, key=lambda n: str(n["name"]))
+
+    def rdma_facts(self) -> list[dict[str, Any]]:
+        """One RoCE device per data NIC, named by rdma-core's rule from its net device."""
+        data = self.scenario.node["nics"]["data"]
+        devices = [{"name": device, "net_device": nic, "ports": [{"port": 1, "state": RDMA_PORT_STATE}]}
+                   for device, nic in zip(rdma_device_names(data), data, strict=True)]
+        return sorted(devices, key=lambda d: str(d["name"]))
 
     def sample(self, t: float) -> dict[str, Any]:
         """One telemetry sample at lab time t, from what the node was doing then."""

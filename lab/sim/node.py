@@ -348,8 +348,6 @@ class SimNode:
     def facts(self, model_dir: str) -> dict[str, Any]:
         t = self.clock.now()
         total, available, _ = self.hardware.memory_kib(t)
-        nics = self.scenario.node["nics"]
-        data_mbps = round(self.hardware.data_link_gbps() * 1000)
         model_host = self.host_path(model_dir)
         return {
             "host": self.name,
@@ -362,9 +360,8 @@ class SimNode:
             # nvidia-smi on GB10 reports no memory figure: the GPU shares the unified memory.
             "gpus": [{**GPU, "compute_capability": self.scenario.node["compute_capability"],
                       "memory_total_mib": None}],
-            "nics": [{"name": nics["mgmt"], "speed_mbps": round(nics["mgmt_gbps"] * 1000), "mtu": 1500,
-                      "operstate": "up"}]
-            + [{"name": n, "speed_mbps": data_mbps, "mtu": 1500, "operstate": "up"} for n in nics["data"]],
+            "nics": self.hardware.nic_facts(),
+            "rdma": self.hardware.rdma_facts(),
             "model_dir": {
                 "path": model_dir,
                 "exists": model_host.exists(),

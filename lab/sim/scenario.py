@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,10 +77,8 @@ LOAD_DEFAULTS: dict[str, Any] = {
     "kv_alloc_s": 15.0,
     "graph_capture_s": 75.0,
     "api_ready_s": 5.0,
-    "rendezvous": {
-        "needs": {"NCCL_SOCKET_IFNAME": "enP7s7", "NCCL_IB_HCA": "rocep1s0f0,roceP2p1s0f0"},
-        "stall_s": 60.0,
-    },
+    # `needs` None: derived from the node's own NIC names (rendezvous_needs).
+    "rendezvous": {"needs": None, "stall_s": 60.0},
 }
 
 FP4_DEFAULTS: dict[str, Any] = {
@@ -170,6 +169,28 @@ class Scenario:
 
 def node_name(index: int) -> str:
     return f"spark-{index + 1:02d}"
+
+
+# rdma-core names a RoCE device after its net device's predictable name: the `en` prefix
+# and the `np<N>` port suffix dropped, `roce` in front (enp1s0f0np0 -> rocep1s0f0).
+_PREDICTABLE_NET_NAME = re.compile(r"^en(?P<path>.+?)(?:np\d+)?$")
+
+
+def rdma_device_names(net_devices: list[str]) -> list[str]:
+    """The RDMA device of each data NIC, in the same order. A net device without a
+    predictable name keeps the driver's own name (mlx5_0, mlx5_1, ...), as rdma-core does."""
+    names = []
+    for i, dev in enumerate(net_devices):
+        m = _PREDICTABLE_NET_NAME.match(dev)
+        names.append(f"roce{m.group('path')}" if m else f"mlx5_{i}")
+    return names
+
+
+def rendezvous_needs(nics: Mapping[str, Any]) -> dict[str, str]:
+    """What NCCL needs unless a scenario says otherwise (LAB_MODEL.md section 1): its
+    bootstrap socket on the management NIC, and the data NICs' RDMA devices."""
+    return {"NCCL_SOCKET_IFNAME": str(nics["mgmt"]),
+            "NCCL_IB_HCA": ",".join(rdma_device_names(list(nics["data"])))}
 
 
 # -- field checks -----------------------------------------------------------------------
@@ -415,6 +436,8 @@ def _truth(value: Any, node: dict[str, Any], node_names: list[str]) -> dict[str,
     })
     if load["nvme_read_gbs"] is None:
         load["nvme_read_gbs"] = node["nvme_read_gbs"]
+    if load["rendezvous"]["needs"] is None:
+        load["rendezvous"]["needs"] = rendezvous_needs(node["nics"])
     fp4 = _merge(FP4_DEFAULTS, table.get("fp4"), "truth.fp4", {"speed": _number_table})
     known = tuple(fp4["speed"])
     _string(fp4["default_backend"], "truth.fp4.default_backend", known)

@@ -1,0 +1,255 @@
+"""One true cold start, observed: the launch's figures, every node's log timeline and 1 Hz
+telemetry frame, and its stalls attributed by signature.
+
+`observe` runs one (engine stopped everywhere and page cache dropped by the session, the
+sampler on before the launch); `from_reproduce` rebuilds the same from the cold start the
+reproduce stage already ran, so the customer's start is not paid for twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from diagnostic.pipelines.triage import frames as fr
+from diagnostic.pipelines.triage.fixes import nic_roles
+from diagnostic.pipelines.triage.signatures import (
+    FAULTS,
+    GPU_WORK,
+    INCOMPLETE,
+    RENDEZVOUS,
+    UNEXPLAINED,
+    Verdict,
+    classify,
+)
+from diagnostic.pipelines.triage.timeline import NodeTimeline, read_segment
+from lab.session import LabError, LabSession, LaunchResult
+
+LAUNCH_TIMEOUT_LAB_S = 3600.0
+# Reproduce keeps only the last rank's start; the first started at most this long before
+# (the launch calls go out in parallel; a fast simulated lab stretches their seconds).
+REPRODUCE_START_SPREAD_S = 60.0
+# What is left of a stall once the part before the last rank started is cut off must
+# still be a stall's worth (the shard-gap rule's 30 s).
+MIN_CLIPPED_STALL_S = 30.0
+
+
+@dataclass
+class StallGroup:
+    """One stall as the nodes saw it together (the same silence on several nodes)."""
+
+    start_s: float  # seconds since the launch (ColdStart.origin)
+    end_s: float
+    members: dict[str, tuple[float, float]]  # node -> its own window (node clock)
+    verdict: Verdict
+    representative: str
+    windows: dict[str, tuple[float, float]] = field(default_factory=dict)  # every node's window
+    bootstrap_retries: int = 0
+
+    @property
+    def cause(self) -> str:
+        return self.verdict.cause
+
+    @property
+    def silent_s(self) -> float:
+        return max(b - a for a, b in self.members.values())
+
+
+@dataclass
+class ColdStart:
+    """A true cold start and what its evidence says."""
+
+    run: str
+    config: dict[str, Any]
+    cold_start_s: float
+    started_at: float
+    lab_s: float  # lab seconds this observation cost (0 when it was reproduce's)
+    nodes: list[str]
+    timelines: dict[str, NodeTimeline]
+    frames: dict[str, pd.DataFrame]
+    stalls: list[StallGroup] = field(default_factory=list)
+    missing_logs: list[str] = field(default_factory=list)
+
+    @property
+    def causes(self) -> list[str]:
+        """The fault signatures this start shows, in the order of the faults' list."""
+        seen = {g.cause for g in self.stalls}
+        return [c for c in FAULTS if c in seen]
+
+    @property
+    def origin(self) -> float:
+        """Lab time of the first rank's first log line: where the timeline's seconds count from."""
+        if not self.timelines:
+            return self.started_at
+        return min(tl.t0 + tl.lab_offset_s for tl in self.timelines.values())
+
+    def groups(self, cause: str) -> list[StallGroup]:
+        return [g for g in self.stalls if g.cause == cause]
+
+
+def _roles(facts: Mapping[str, Any], node: str) -> fr.NicRoles:
+    data = facts.get(node)
+    return nic_roles(data) if isinstance(data, Mapping) else fr.NicRoles((), ())
+
+
+def build(run: str, config: dict[str, Any], engine: str, *, cold_start_s: float, launched_from: float,
+          started_at: float, ready_at: float, corrections: Mapping[str, float], logs: Mapping[str, str],
+          samples: Mapping[str, Sequence[Mapping[str, Any]]], facts: Mapping[str, Any],
+          nodes: Sequence[str], lab_s: float) -> ColdStart:
+    """A ColdStart from its raw evidence. Lab times: `launched_from` no later than the first
+    rank's start, `started_at` the last rank's, `ready_at` the API's first answer; each
+    node's clock is the lab's minus the correction the session applied to its start."""
+    timelines: dict[str, NodeTimeline] = {}
+    missing: list[str] = []
+    for node in nodes:
+        offset = float(corrections.get(node, 0.0))
+        near = launched_from - offset
+        timeline = read_segment(node, engine, logs.get(node, ""), launched_near=near,
+                                until=ready_at - offset + 1.0)
+        if timeline is None:
+            missing.append(node)
+        else:
+            timeline.lab_offset_s = offset
+            timelines[node] = timeline
+    frames = {node: fr.node_frame(samples.get(node) or [], _roles(facts, node)) for node in nodes}
+    start = ColdStart(run, config, cold_start_s, started_at, lab_s, list(nodes), timelines, frames,
+                      missing_logs=missing)
+    start.stalls = attribute(start)
+    return start
+
+
+def attribute(start: ColdStart) -> list[StallGroup]:
+    """Group each node's stalls with the same silence on the other nodes (on the lab's
+    clock: ranks start seconds apart and wait for each other), then read every node's
+    telemetry over that window against the signatures."""
+    origin = start.origin
+    spans = []
+    for node, tl in start.timelines.items():
+        for s in tl.stalls:
+            # The cold start counts from the last rank's start: a rank started earlier
+            # waits for the others, and that wait is the launcher's, not the engine's.
+            lab_a = max(s.start + tl.lab_offset_s, start.started_at)
+            lab_b = s.end + tl.lab_offset_s
+            if lab_b - lab_a >= MIN_CLIPPED_STALL_S:
+                spans.append((lab_a, lab_b, node, lab_a - tl.lab_offset_s, s.end))
+    spans.sort(key=lambda x: x[0])
+    raw_groups: list[list[tuple[float, float, str, float, float]]] = []
+    for span in spans:
+        if raw_groups and span[0] < max(s[1] for s in raw_groups[-1]) - 1.0 \
+                and span[2] not in {s[2] for s in raw_groups[-1]}:
+            raw_groups[-1].append(span)
+        else:
+            raw_groups.append([span])
+    out = []
+    for members in raw_groups:
+        lab_start = min(s[0] for s in members)
+        lab_end = max(s[1] for s in members)
+        own = {s[2]: (s[3], s[4]) for s in members}
+        windows: dict[str, tuple[float, float]] = {}
+        for node in start.nodes:
+            if node in own:
+                windows[node] = own[node]
+            elif node in start.timelines:
+                shift = start.timelines[node].lab_offset_s
+                windows[node] = (lab_start - shift, lab_end - shift)
+        summaries = {node: fr.summarize(fr.window(start.frames[node], a, b))
+                     for node, (a, b) in windows.items()}
+        after_weights = all(
+            (end := start.timelines[node].phase_end("weights_load")) is not None and a >= end - 1.0
+            for node, (a, _) in own.items())
+        verdict = classify(summaries, sorted(own), after_weights=after_weights)
+        head = start.nodes[0]
+        representative = head if head in own else sorted(own)[0]
+        group = StallGroup(round(lab_start - origin, 1), round(lab_end - origin, 1), own, verdict,
+                           representative, windows)
+        if verdict.cause == RENDEZVOUS and verdict.late_node in start.timelines:
+            a, b = windows[verdict.late_node]
+            group.bootstrap_retries = start.timelines[verdict.late_node].bootstrap_retries(a, b)
+        out.append(group)
+    return out
+
+
+def _each(nodes: Sequence[str], fn: Callable[[str], Any]) -> dict[str, Any]:
+    """fn for every node at once: each node is its own SSH connection, and one after the
+    other would spend lab time on round trips alone."""
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        return dict(zip(nodes, pool.map(fn, nodes), strict=True))
+
+
+def _log_offsets(session: LabSession, nodes: Sequence[str]) -> dict[str, int]:
+    """Where each node's engine log ends now: a launch appends to it."""
+    def size(node: str) -> int:
+        try:
+            return session.logs(node, tail_bytes=0).next_offset
+        except LabError:
+            return 0  # no log yet
+    return _each(nodes, size)
+
+
+def _logs_since(session: LabSession, offsets: Mapping[str, int]) -> dict[str, str]:
+    def text(node: str) -> str:
+        try:
+            return session.logs(node, since=offsets.get(node, 0)).text
+        except LabError:
+            return ""
+    return _each(list(offsets), text)
+
+
+def observe(session: LabSession, config: dict[str, Any], run: str, *, facts: Mapping[str, Any],
+            check_cancelled: Callable[[], None], cold: bool = True) -> ColdStart:
+    """Launch `config` from cold (every engine stopped, page cache dropped) with the sampler
+    running, and read its evidence."""
+    began = session.clock.now()
+    nodes = [spec["node"] for spec in session.specs_for(config)]
+    offsets = _log_offsets(session, nodes)
+    session.start_sampler(nodes)
+    since = session.clock.now() - 2.0
+    launched: LaunchResult = session.launch(config, cold=cold, timeout_s=LAUNCH_TIMEOUT_LAB_S)
+    check_cancelled()
+    samples = session.telemetry(since=since, nodes=nodes)
+    logs = _logs_since(session, offsets)
+    return build(run, config, str(config["engine"]["name"]), cold_start_s=launched.cold_start_s,
+                 launched_from=since, started_at=launched.started_at, ready_at=launched.ready_at,
+                 corrections=launched.start_corrections_s, logs=logs, samples=samples, facts=facts,
+                 nodes=nodes, lab_s=session.clock.now() - began)
+
+
+def from_reproduce(session: LabSession, config: dict[str, Any], result: Mapping[str, Any], *,
+                   facts: Mapping[str, Any]) -> tuple[ColdStart | None, str]:
+    """The reproduce stage's cold start as a ColdStart, or None and why it cannot serve:
+    it must be a true cold start of this very configuration with 1 Hz telemetry."""
+    if not result.get("launched") or result.get("warm"):
+        return None, "reproduce did not record a true cold start"
+    telemetry = result.get("telemetry")
+    if not isinstance(telemetry, Mapping) or not telemetry:
+        return None, "reproduce kept no telemetry"
+    strides = result.get("telemetry_stride") or {}
+    if any(int(v) > 1 for v in strides.values()):
+        return None, "reproduce kept its telemetry thinned, not at 1 Hz"
+    specs = session.specs_for(config)
+    launched = {str(s.get("node")): (s.get("argv"), s.get("env")) for s in result.get("launch") or []}
+    if any(launched.get(s["node"]) != (s["argv"], s["env"]) for s in specs):
+        return None, "reproduce launched a different configuration"
+    nodes = [s["node"] for s in specs]
+    logs = _logs_since(session, dict.fromkeys(nodes, 0))
+    start = build("before", config, str(config["engine"]["name"]),
+                  cold_start_s=float(result["cold_start_s"]),
+                  launched_from=float(result["started_at"]) - REPRODUCE_START_SPREAD_S,
+                  started_at=float(result["started_at"]),
+                  ready_at=float(result["ready_at"]), corrections=result.get("start_corrections_s") or {},
+                  logs=logs, samples=telemetry, facts=facts, nodes=nodes, lab_s=0.0)
+    if len(start.missing_logs) == len(nodes):
+        return None, "the engine logs hold no lines of reproduce's start"
+    return start, ""
+
+
+def describe(group: StallGroup) -> str:
+    """A stall in a few words, for the stage log."""
+    nodes = ", ".join(sorted(group.members))
+    what = {UNEXPLAINED: "matches no signature", INCOMPLETE: "evidence incomplete",
+            GPU_WORK: "GPU busy (engine work)"}.get(group.cause, group.cause)
+    return f"{group.silent_s:.0f} s stall at {group.start_s:.0f}-{group.end_s:.0f} s on {nodes}: {what}"

@@ -1,0 +1,234 @@
+"""The loading triage: why a cold start takes minutes, proven by fixing it
+(METHODOLOGY.md, "Loading triage").
+
+From the customer's true cold start (reproduce's, or our own when that evidence is
+missing): the per-node timeline, every stall attributed by its telemetry signature, the
+change each cause calls for derived from the lab's facts, and then the proof: each
+change alone and all of them together, a true cold start after each. A configuration
+that keeps its JIT cache is measured as its users see it: the cache warmed by one start
+first, the one-time compile mentioned as a note.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from diagnostic.pipelines.changes import Change, apply_changes
+from diagnostic.pipelines.triage import coldstart as cs
+from diagnostic.pipelines.triage import frames as fr
+from diagnostic.pipelines.triage import section as rp
+from diagnostic.pipelines.triage.fixes import Fix, FixUnavailable, derive
+from diagnostic.pipelines.triage.signatures import FAULTS, JIT_COMPILE
+from lab.session import LabSession, LaunchFailed
+
+# A change is proved when its signature is gone and the start is faster by more than the
+# lab's own start-to-start spread (a few seconds) and this share of the start.
+MIN_GAIN_S = 5.0
+MIN_GAIN_SHARE = 0.02
+
+
+def _noop_log(_: str) -> None:
+    return None
+
+
+def _noop_progress(_: float, __: str) -> None:
+    return None
+
+
+def _noop_cancel() -> None:
+    return None
+
+
+def _kernel_key(config: Mapping[str, Any]) -> str:
+    """What a kept JIT cache's contents depend on, as far as our fixes go: everything but
+    the loader and the NCCL interface variables (neither changes the compiled kernels)."""
+    view = copy.deepcopy(dict(config))
+    serving = view.get("serving") or {}
+    for key in ("load_format", "safetensors_load_strategy"):
+        serving.pop(key, None)
+    env = view.get("env") or {}
+    for key in [k for k in env if k.startswith("NCCL_")]:
+        env.pop(key)
+    view.pop("reported", None)
+    return json.dumps(view, sort_keys=True, default=str)
+
+
+class Triage:
+    """One triage run: its observations, lab time and notes."""
+
+    def __init__(self, session: LabSession, config: dict[str, Any], *, log: Callable[[str], None],
+                 progress: Callable[[float, str], None], check_cancelled: Callable[[], None],
+                 budget_lab_s: float | None) -> None:
+        self.session = session
+        self.config = config
+        self.log = log
+        self.progress = progress
+        self.check_cancelled = check_cancelled
+        self.budget_lab_s = budget_lab_s
+        self.began = session.clock.now()
+        self.notes: list[str] = []
+        self.warmed: set[str] = set()  # kernel keys whose kept JIT cache holds compiled kernels
+        self.steps: list[dict[str, Any]] = []  # lab time per step
+        self.facts: dict[str, Any] = {}
+
+    def spent(self) -> float:
+        return self.session.clock.now() - self.began
+
+    def over_budget(self) -> bool:
+        return self.budget_lab_s is not None and self.spent() >= self.budget_lab_s
+
+    def cold_start(self, config: dict[str, Any], run: str) -> cs.ColdStart:
+        """A true cold start of `config` as its users see it: when it keeps its JIT cache and
+        nothing has filled that cache yet, one warm start fills it first."""
+        warm_up_s = 0.0
+        key = _kernel_key(config)
+        if config["serving"]["jit_cache"] == "persisted" and key not in self.warmed:
+            self.log(f"{run}: warming the kept JIT cache with one start first")
+            t = self.session.clock.now()
+            self.session.launch(config, cold=False, timeout_s=cs.LAUNCH_TIMEOUT_LAB_S)
+            warm_up_s = self.session.clock.now() - t
+            self.warmed.add(key)
+            self.check_cancelled()
+        start = cs.observe(self.session, config, run, facts=self.facts, check_cancelled=self.check_cancelled)
+        if config["serving"]["jit_cache"] == "persisted":
+            self.warmed.add(key)
+        start.lab_s += warm_up_s
+        self.steps.append({"step": run, "lab_s": round(start.lab_s, 1), "warm_up_lab_s": round(warm_up_s, 1),
+                           "cold_start_s": start.cold_start_s})
+        for group in start.stalls:
+            self.log(f"{run}: {cs.describe(group)}")
+        self.log(f"{run}: cold start {start.cold_start_s:.1f} lab s ({start.lab_s:.0f} lab s spent)")
+        return start
+
+    def baseline(self, reproduce: Mapping[str, Any] | None) -> cs.ColdStart:
+        config = self.config
+        persisted = config["serving"]["jit_cache"] == "persisted"
+        if reproduce is not None:
+            start, why = cs.from_reproduce(self.session, config, reproduce, facts=self.facts)
+            if start is not None:
+                if not persisted:
+                    self.log(f"the customer's cold start is reproduce's: {start.cold_start_s:.1f} lab s")
+                    self.steps.append({"step": "customer configuration (reproduce's start)", "lab_s": 0.0,
+                                       "warm_up_lab_s": 0.0, "cold_start_s": start.cold_start_s})
+                    return start
+                # Reproduce's start filled the kept cache: it was this lab's first boot, not
+                # what the customer's users see. Note its compile, then measure again.
+                self.warmed.add(_kernel_key(config))
+                first_jit = start.groups(JIT_COMPILE)
+                if first_jit:
+                    silent = max(g.silent_s for g in first_jit)
+                    self.notes.append(
+                        f"The first start on this lab compiled kernels for {silent:.0f} s; the configuration "
+                        "keeps its JIT cache, so later starts reuse it. The cold start reported is a later "
+                        "one: page cache dropped, the cache volume kept.")
+                self.log("the configuration keeps its JIT cache: measuring a start after reproduce's "
+                         f"first one ({start.cold_start_s:.1f} lab s)")
+            else:
+                self.log(f"not using reproduce's cold start: {why}; measuring our own")
+        else:
+            self.log("no cold start from reproduce; measuring our own")
+        before = self.cold_start(config, "before")
+        if persisted and not self.notes:
+            self.notes.append("The configuration keeps its JIT cache: its cold start was measured after one "
+                              "start had filled the cache, as its users see it.")
+        return before
+
+
+def _proved(before: cs.ColdStart, after: cs.ColdStart, cause: str) -> bool:
+    gain = before.cold_start_s - after.cold_start_s
+    return cause not in after.causes and gain > max(MIN_GAIN_S, MIN_GAIN_SHARE * before.cold_start_s)
+
+
+def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[str], None] = _noop_log,
+               progress: Callable[[float, str], None] = _noop_progress,
+               check_cancelled: Callable[[], None] = _noop_cancel, budget_lab_s: float | None = None,
+               reproduce: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Triage the cold start of `config` (normalized) on the lab behind `session`.
+
+    `reproduce` is the reproduce stage's result, whose cold start serves as the customer's
+    when it is a true cold start of this configuration with 1 Hz telemetry. Returns the
+    `cold_start` section, the findings, the proved `config_changes`, `lab_time_s`, and
+    `telemetry_csv` (every observed start's telemetry, for the customer's own analysis).
+    """
+    triage = Triage(session, config, log=log, progress=progress, check_cancelled=check_cancelled,
+                    budget_lab_s=budget_lab_s)
+    progress(2, "reading the nodes' facts")
+    session.push_agent()
+    triage.facts = session.facts()
+    check_cancelled()
+    progress(5, "the customer's true cold start")
+    before = triage.baseline(reproduce)
+    check_cancelled()
+    nodes = before.nodes
+    fixes: dict[str, Fix] = {}
+    for cause in before.causes:
+        try:
+            fixes[cause] = derive(cause, config, triage.facts, nodes)
+        except FixUnavailable as exc:
+            triage.notes.append(f"{cause}: no change to try ({exc}).")
+            log(f"{cause}: no change derived: {exc}")
+    alone: dict[str, cs.ColdStart] = {}
+    runs: list[tuple[str, list[Change], cs.ColdStart]] = []
+    total = max(1, len(fixes) + (1 if len(fixes) > 1 else 0))
+    for i, (cause, fix) in enumerate(fixes.items()):
+        if triage.over_budget():
+            triage.notes.append(f"Lab-time budget spent: {cause}'s change was not proved.")
+            break
+        progress(10 + 80 * i / total, f"proving {fix.label}")
+        started = _try_fix(triage, fix, cause)
+        if started is None:
+            continue
+        applied, start = started
+        fixes[cause] = applied
+        alone[cause] = start
+        runs.append((cause, applied.changes, start))
+    proved = [c for c in fixes if c in alone and _proved(before, alone[c], c)]
+    after = before
+    all_changes: list[Change] = [ch for c in proved for ch in fixes[c].changes]
+    if len(proved) == 1:
+        after = alone[proved[0]]
+    elif len(proved) > 1:
+        if triage.over_budget():
+            triage.notes.append("Lab-time budget spent: the changes were not measured together.")
+            after = min((alone[c] for c in proved), key=lambda s: s.cold_start_s)
+        else:
+            progress(10 + 80 * (total - 1) / total, "all proved changes together")
+            after = triage.cold_start(apply_changes(config, all_changes), "all changes")
+            runs.append(("all", all_changes, after))
+    elif alone:
+        triage.notes.append("No change was proved: the configuration's cold start is left as it is.")
+    if len(proved) == 1 and len(fixes) > 1:
+        triage.notes.append("Only one change was proved, so the run with every proved change together "
+                            "would repeat its run exactly; it was skipped.")
+    if len(proved) == 1:
+        triage.steps.append({"step": "all changes", "skipped": "would repeat the run of "
+                             f"{fixes[proved[0]].label} exactly", "lab_s": 0.0})
+    progress(95, "writing the cold-start section")
+    built = rp.build_result(before, after, runs, fixes, proved, triage.notes, triage.steps,
+                            lab_time_s=triage.spent())
+    # Each node's seconds count from the launch's origin, on that node's own clock.
+    frames = {(s.run, node): (s.frames[node], s.origin - (s.timelines[node].lab_offset_s
+                                                          if node in s.timelines else 0.0))
+              for s in [before] + [r[2] for r in runs] for node in s.nodes}
+    built["telemetry_csv"] = fr.telemetry_table(frames).to_csv(index=False, float_format="%.3f")
+    progress(100, f"cold start {before.cold_start_s:.0f} s -> {after.cold_start_s:.0f} s")
+    return built
+
+
+def _try_fix(triage: Triage, fix: Fix, cause: str) -> tuple[Fix, cs.ColdStart] | None:
+    """The fix's cold start alone; when the engine refuses the change, the next candidate."""
+    for candidate in [fix, *fix.alternatives]:
+        variant = apply_changes(triage.config, candidate.changes)
+        try:
+            return candidate, triage.cold_start(variant, candidate.label)
+        except LaunchFailed as exc:
+            triage.notes.append(f"{candidate.label}: the engine did not start with it ({exc.reason}).")
+            triage.log(f"{candidate.label}: launch failed on {exc.node}: {exc.reason}")
+    triage.notes.append(f"{cause}: every change tried was refused by the engine.")
+    return None
+
+
+__all__ = ["FAULTS", "run_triage"]

@@ -1,0 +1,244 @@
+"""The triage's findings.json `cold_start` section and its findings, from the observed
+cold starts: before and after, the phases, the waterfall of proving runs, the stalls with
+their telemetry, and one finding per cause carrying the figures that decided it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from statistics import median
+from typing import Any
+
+from diagnostic.pipelines.changes import Change
+from diagnostic.pipelines.triage import frames as fr
+from diagnostic.pipelines.triage.coldstart import ColdStart, StallGroup
+from diagnostic.pipelines.triage.fixes import Fix
+from diagnostic.pipelines.triage.signatures import (
+    GPU_WORK,
+    INCOMPLETE,
+    JIT_COMPILE,
+    RENDEZVOUS,
+    UNEXPLAINED,
+    WEIGHTS_IO,
+)
+from diagnostic.pipelines.triage.timeline import relative_phases
+
+UNEXPLAINED_CODE = "load.unexplained_stall"
+
+
+def _phase_at(start: ColdStart, node: str, epoch: float) -> str | None:
+    timeline = start.timelines.get(node)
+    if timeline is None:
+        return None
+    return next((name for name, a, b in timeline.phases if a - 1.0 <= epoch < b), None)
+
+
+def stall_entry(start: ColdStart, group: StallGroup, run: str) -> dict[str, Any]:
+    node = group.representative
+    a, b = group.members[node]
+    readings = group.verdict.readings
+    entry: dict[str, Any] = {
+        "run": run,
+        "node": node,
+        "nodes": sorted(group.members),
+        "cause": group.cause,
+        "start_s": group.start_s,
+        "end_s": group.end_s,
+        "silent_s": round(group.silent_s, 1),
+        "phase": _phase_at(start, node, a),
+        "decided_by": group.verdict.decided_by,
+        "summary": readings[node].summary if node in readings else None,
+        "telemetry": fr.trace(fr.window(start.frames[node], a, b), a),
+    }
+    if group.verdict.late_node:
+        entry["late_node"] = group.verdict.late_node
+        entry["bootstrap_retries"] = group.bootstrap_retries
+    if group.verdict.incomplete_nodes:
+        entry["evidence_incomplete"] = {
+            n: f"telemetry covers {100 * float(readings[n].summary.get('coverage') or 0):.0f} % of the window"
+            for n in group.verdict.incomplete_nodes}
+    if group.verdict.why_not:
+        entry["why_not"] = group.verdict.why_not
+    return entry
+
+
+def _phase_seconds(start: ColdStart, phase: str) -> float | None:
+    values = [b - a for tl in start.timelines.values() for name, a, b in tl.phases if name == phase]
+    return round(median(values), 1) if values else None
+
+
+def _evidence(start: ColdStart, cause: str) -> dict[str, Any]:
+    groups = start.groups(cause)
+    decided = dict(max(groups, key=lambda g: g.silent_s).verdict.decided_by)
+    silent = round(sum(g.silent_s for g in groups), 1)
+    nodes = sorted({n for g in groups for n in g.members})
+    evidence: dict[str, Any] = {"silent_s": silent, "nodes": nodes}
+    serving = start.config["serving"]
+    if cause == WEIGHTS_IO:
+        evidence.update({
+            "summary": "Shard-progress lines came far apart while the disk read little and in storms, "
+                       "the page cache climbed and system CPU stayed high: the loader page-faults the "
+                       "checkpoint in.",
+            "weights_load_s": _phase_seconds(start, "weights_load"),
+            "disk_read_mbps_mean": decided.get("disk_read_mbps_mean"),
+            "disk_read_cv": decided.get("disk_read_cv"),
+            "page_cache_gib_per_min": decided.get("page_cache_gib_per_min"),
+            "page_cache_peak_gib": decided.get("page_cache_gib_end"),
+            "cpu_system_pct_median": decided.get("cpu_system_pct_median"),
+            "cpu_user_pct_median": decided.get("cpu_user_pct_median"),
+            "loader": {"load_format": serving["load_format"],
+                       "safetensors_load_strategy": serving["safetensors_load_strategy"]},
+        })
+    elif cause == JIT_COMPILE:
+        evidence.update({
+            "summary": "After the weights loaded, the log fell silent while compiler processes kept the CPU "
+                       "busy with the disk and GPU idle: kernels compiled from scratch.",
+            "kernel_jit_s": _phase_seconds(start, "kernel_jit"),
+            "compilers_median": decided.get("compilers_median"),
+            "compilers_peak": decided.get("compilers_peak_range", [None, None])[1]
+            if decided.get("compilers_peak_range") else decided.get("compilers_peak"),
+            "cpu_user_pct_median": decided.get("cpu_user_pct_median"),
+            "disk_read_mbps_median": decided.get("disk_read_mbps_median"),
+            "gpu_util_pct_median": decided.get("gpu_util_pct_median"),
+            "jit_cache": serving["jit_cache"],
+        })
+    elif cause == RENDEZVOUS:
+        group = max(groups, key=lambda g: g.silent_s)
+        env = start.config.get("env") or {}
+        evidence.update({
+            "summary": f"Every node sat idle with its data NICs silent while {group.verdict.late_node} kept "
+                       "talking on its management NIC (bootstrap retries): the others waited for it.",
+            "stall_s": round(group.silent_s, 1),
+            "late_node": group.verdict.late_node,
+            "late_node_mgmt_nic_mbps_p90": decided.get("late_node_mgmt_nic_mbps_p90"),
+            "other_nodes_mgmt_nic_mbps_p90_max": decided.get("other_nodes_mgmt_nic_mbps_p90_max"),
+            "data_nic_mbps_median": decided.get("data_nic_mbps_median"),
+            "cpu_user_pct_median": decided.get("cpu_user_pct_median"),
+            "bootstrap_retries": group.bootstrap_retries,
+            "nccl_socket_ifname": env.get("NCCL_SOCKET_IFNAME"),
+            "nccl_ib_hca": env.get("NCCL_IB_HCA"),
+        })
+    incomplete = sorted({n for g in groups for n in g.verdict.incomplete_nodes})
+    if incomplete:
+        evidence["evidence_incomplete"] = {
+            n: "the telemetry sampler covered too little of the stall on this node; attributed from the "
+               "other nodes" for n in incomplete}
+    evidence["decided_by"] = decided
+    return evidence
+
+
+_TITLES = {
+    WEIGHTS_IO: "Weights load through page faults: {s:.0f} s of slow, bursty disk reads",
+    JIT_COMPILE: "Kernels are compiled from scratch on every start: {s:.0f} s of silent compilation",
+    RENDEZVOUS: "NCCL waits {s:.0f} s at the rendezvous for a late node",
+}
+
+
+def _finding(before: ColdStart, cause: str, fix: Fix | None, run: ColdStart | None,
+             proved: bool) -> dict[str, Any]:
+    evidence = _evidence(before, cause)
+    seconds = float(evidence.get("stall_s") or evidence["silent_s"])
+    change: dict[str, Any] | None = fix.finding_change() if fix is not None else None
+    impact = None
+    if run is not None:
+        impact = {"metric": "cold_start_s", "before": before.cold_start_s, "after": run.cold_start_s, "n": 1,
+                  "unit": "s", "better": "lower"}
+        evidence["signature_gone_after_fix"] = cause not in run.causes
+    if change is not None and not proved:
+        change["note"] = (change.get("note", "") + " Not proved on this lab: the cold start with this change "
+                          "alone did not lose the stall.").strip()
+    return {"code": cause, "title": _TITLES[cause].format(s=seconds), "evidence": evidence,
+            "change": change, "impact": impact, "blocking": False}
+
+
+def _unexplained_finding(before: ColdStart, group: StallGroup) -> dict[str, Any]:
+    entry = stall_entry(before, group, "before")
+    incomplete = group.cause == INCOMPLETE
+    where = ", ".join(entry["nodes"])
+    if incomplete:
+        title = (f"A {group.silent_s:.0f} s stall on {where} cannot be attributed: the telemetry of "
+                 f"{', '.join(group.verdict.incomplete_nodes) or where} is incomplete")
+    else:
+        title = f"A {group.silent_s:.0f} s stall on {where} matches no known signature"
+    keys = ("nodes", "start_s", "end_s", "silent_s", "phase", "summary", "decided_by")
+    evidence = {k: entry[k] for k in keys}
+    evidence["evidence_incomplete"] = incomplete
+    if incomplete:
+        evidence["nodes_without_telemetry"] = group.verdict.incomplete_nodes
+    evidence["why_not"] = group.verdict.why_not
+    evidence["summary_text"] = (
+        "Not attributed: the telemetry that would decide it is missing." if incomplete
+        else "The log was silent but the telemetry shows none of the known loading faults.")
+    return {"code": UNEXPLAINED_CODE, "title": title, "evidence": evidence, "change": None, "impact": None,
+            "blocking": False}
+
+
+def waterfall_entry(step: str, start: ColdStart, *, fixes: str | None, changes: Sequence[Change], mode: str,
+                    before: ColdStart, cause: str | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "step": step,
+        "mode": mode,
+        "fixes": fixes,
+        "changes": [dict(c) for c in changes],
+        "n": 1,
+        "cold_start_s": round(start.cold_start_s, 1),
+        "lab_s": round(start.lab_s, 1),
+        "signatures": start.causes,
+    }
+    if mode != "baseline":
+        entry["delta_s"] = round(start.cold_start_s - before.cold_start_s, 1)
+    if cause is not None:
+        entry["signature_gone"] = cause not in start.causes
+    return entry
+
+
+def build_result(before: ColdStart, after: ColdStart, runs: Sequence[tuple[str, list[Change], ColdStart]],
+                 fixes: Mapping[str, Fix], proved: Sequence[str], notes: list[str],
+                 steps: list[dict[str, Any]], *, lab_time_s: float) -> dict[str, Any]:
+    """The pipeline's result: section, findings, proved config_changes and lab time."""
+    waterfall = [waterfall_entry("customer configuration", before, fixes=None, changes=[], mode="baseline",
+                                 before=before)]
+    alone = {cause: start for cause, _, start in runs if cause != "all"}
+    for cause, changes, start in runs:
+        if cause == "all":
+            waterfall.append(waterfall_entry("all changes together", start, fixes=", ".join(proved),
+                                             changes=changes, mode="all", before=before))
+        else:
+            waterfall.append(waterfall_entry(fixes[cause].label, start, fixes=cause, changes=changes,
+                                             mode="alone", before=before, cause=cause))
+    findings = [_finding(before, cause, fixes.get(cause), alone.get(cause), cause in proved)
+                for cause in before.causes]
+    findings += [_unexplained_finding(before, g) for g in before.stalls
+                 if g.cause in (UNEXPLAINED, INCOMPLETE)]
+    config_changes = [dict(c) for cause in proved for c in fixes[cause].changes]
+    phases = [p for tl in before.timelines.values() for p in relative_phases(tl, "before", before.origin)]
+    if after is not before:
+        phases += [p for tl in after.timelines.values() for p in relative_phases(tl, "after", after.origin)]
+    stalls = [stall_entry(before, g, "before") for g in before.stalls if g.cause != GPU_WORK]
+    for _, _, start in runs:
+        stalls += [stall_entry(start, g, start.run) for g in start.stalls if g.cause != GPU_WORK]
+    quiet = [{"run": "before", "nodes": sorted(g.members), "start_s": g.start_s, "end_s": g.end_s,
+              "silent_s": round(g.silent_s, 1), "phase": _phase_at(before, g.representative,
+                                                                    g.members[g.representative][0]),
+              "gpu_util_pct_median": g.verdict.decided_by.get("gpu_util_pct_median")}
+             for g in before.stalls if g.cause == GPU_WORK]
+    for node in before.missing_logs:
+        notes.append(f"{node}: its engine log held no lines of the customer's cold start.")
+    section = {
+        "before_s": round(before.cold_start_s, 1),
+        "after_s": round(after.cold_start_s, 1),
+        "root_causes": before.causes,
+        "proved": list(proved),
+        "phases": phases,
+        "waterfall": waterfall,
+        "stalls": stalls,
+        "quiet_work": quiet,
+        "unexplained": [s for s in stalls
+                        if s["run"] == "before" and s["cause"] in (UNEXPLAINED, INCOMPLETE)],
+        "notes": notes,
+        "lab_time_s": round(lab_time_s, 1),
+        "steps": steps,
+        "telemetry_csv": "cold-start-telemetry.csv",
+    }
+    return {"section": section, "findings": findings, "config_changes": config_changes,
+            "lab_time_s": round(lab_time_s, 1)}

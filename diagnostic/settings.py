@@ -8,6 +8,7 @@ stops start-up with the variable's name when a value makes no sense.
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -51,20 +52,29 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
+    "csp",
     "diagnostic.bookings",
     "diagnostic.jobs",
     "diagnostic.pipelines",
+    "diagnostic.accounts",
+    "diagnostic.portal",
     "reports",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files straight from the app server (gunicorn), compressed and cache-busted.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "diagnostic.urls"
@@ -105,6 +115,23 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/portal/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+# django-axes first: it refuses a locked-out account or address before a password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Failed logins: a lock per account and, separately, per client address.
+AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = dt.timedelta(minutes=envint("AXES_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "diagnostic.accounts.views.locked_out"
+AXES_VERBOSE = False
+# Behind a proxy, set AXES_IPWARE_PROXY_COUNT so the client address is the real one.
+AXES_IPWARE_PROXY_COUNT = envint("AXES_IPWARE_PROXY_COUNT", 0, minimum=0) or None
+PASSWORD_RESET_TIMEOUT = envint("PASSWORD_RESET_TIMEOUT_S", 3 * 24 * 3600, minimum=600)
 
 LANGUAGE_CODE = "en-gb"
 TIME_ZONE = "UTC"
@@ -113,12 +140,53 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = Path(envstr("STATIC_ROOT", str(OUT_DIR / "static")))
-MEDIA_ROOT = Path(envstr("MEDIA_ROOT", str(OUT_DIR / "media")))
-MEDIA_URL = "media/"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# Development serves the apps' static folders directly; a deployment runs collectstatic.
+WHITENOISE_USE_FINDERS = DEBUG
+# Reports and tuned configurations are served only by views that check ownership; there
+# is no public media URL.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": str(OUT_DIR / "media")}},
+    "staticfiles": {"BACKEND": (
+        "django.contrib.staticfiles.storage.StaticFilesStorage" if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage")},
+}
 
+# Cookies: HttpOnly sessions always, SameSite=Lax; Secure whenever DEBUG is off.
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = envint("SESSION_COOKIE_AGE_S", 12 * 3600, minimum=300)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 if not DEBUG:
     SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", True)
     CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", True)
+    # TLS ends at the proxy in front of gunicorn, which says so in X-Forwarded-Proto.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
+    # /healthz answers the load balancer over plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+
+# Content-Security-Policy: our own scripts and styles only, nothing inline.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "frame-ancestors": ["'none'"],
+        "form-action": ["'self'"],
+    },
+}
 
 # Email: files under out/email by default, SMTP through EMAIL_URL or EMAIL_HOST.
 DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "diagnostic@localhost")
@@ -182,6 +250,20 @@ DIAG_LAB_BUSY_RETRY_S = envint("DIAG_LAB_BUSY_RETRY_S", 60, minimum=1)
 DIAG_STAGE_TIME_LIMIT_S = envint("DIAG_STAGE_TIME_LIMIT_S", 5400, minimum=60)
 DIAG_REAPER_INTERVAL_S = envint("DIAG_REAPER_INTERVAL_S", 60, minimum=1)
 DIAG_SIM_STATE_DIR = Path(envstr("DIAG_SIM_STATE_DIR", str(OUT_DIR / "labsim")))
+# Owner of configurations and jobs run without a booking (demo, `diagnose`); no customer
+# belongs to it, so the portal never shows them.
+DIAG_HOUSE_ORGANISATION = envstr("DIAG_HOUSE_ORGANISATION", "In-house diagnostics")
+
+# Customer portal. Bookings can be cancelled or moved until this many hours before the
+# lab day starts. Reports reach customers once staff approve them; PORTAL_AUTO_APPROVE
+# (on by default only with DEBUG, for the demo) releases each version as it is written.
+BOOKING_CHANGE_CUTOFF_H = envint("BOOKING_CHANGE_CUTOFF_H", 48, minimum=0)
+PORTAL_AUTO_APPROVE = envbool("PORTAL_AUTO_APPROVE", DEBUG)
+PORTAL_CALENDAR_DAYS = envint("PORTAL_CALENDAR_DAYS", 56, minimum=7)
+# The job page asks for fresh stage states this often (milliseconds).
+PORTAL_POLL_MS = envint("PORTAL_POLL_MS", 3000, minimum=2000, maximum=5000)
+# Invitation links stop working after this many days (and after their first use).
+INVITE_VALID_DAYS = envint("INVITE_VALID_DAYS", 7, minimum=1)
 if DIAG_HEARTBEAT_S >= DIAG_STAGE_LEASE_S or DIAG_HEARTBEAT_S >= DIAG_LAB_LEASE_S:
     raise ImproperlyConfigured(
         f"DIAG_HEARTBEAT_S={DIAG_HEARTBEAT_S} must be shorter than DIAG_STAGE_LEASE_S="

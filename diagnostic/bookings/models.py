@@ -1,8 +1,16 @@
 """Who books what: organisations and their customers, the labs and their days, bookings
-of a lab day, and the cluster configurations customers submit for diagnosis."""
+of a lab day, and the cluster configurations customers submit for diagnosis.
+
+Every customer-owned row carries its organisation (Booking, ClusterConfiguration) or
+reaches one through non-null links; `for_organisation` is the one filter every portal
+query goes through, and model validation keeps the links agreeing where a database
+constraint cannot reach across tables.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +18,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from lab.inventory import Inventory
 
@@ -27,6 +36,32 @@ class Organisation(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def house(cls) -> Organisation:
+        """The firm's own organisation: owner of configurations and jobs run without a
+        booking (the demo, a consultant's `diagnose`). No customer is a member of it."""
+        house, _ = cls.objects.get_or_create(name=settings.DIAG_HOUSE_ORGANISATION)
+        return house
+
+
+class OrganisationScoped(models.QuerySet):
+    """Rows of one organisation: every portal query of customer data starts here."""
+
+    def for_organisation(self, organisation: Organisation | None) -> OrganisationScoped:
+        if organisation is None:
+            return self.none()
+        return self.filter(organisation=organisation)
+
+
+def organisation_of(user: Any) -> Organisation | None:
+    """The organisation a signed-in user belongs to, or None (staff, anonymous, loners)."""
+    if not getattr(user, "is_authenticated", False):
+        return None
+    try:
+        return user.customer.organisation
+    except Customer.DoesNotExist:
+        return None
 
 
 class Customer(models.Model):
@@ -125,6 +160,8 @@ class LabDay(models.Model):
 
     lab = models.ForeignKey(Lab, on_delete=models.PROTECT, related_name="days")
     date = models.DateField()
+    # Maintenance, a holiday: shown on the calendar, not bookable.
+    closed = models.BooleanField(default=False)
 
     class Meta:
         ordering = ("date", "lab")
@@ -135,13 +172,26 @@ class LabDay(models.Model):
     def __str__(self) -> str:
         return f"{self.lab.name} {self.date.isoformat()}"
 
+    @property
+    def starts_at(self) -> dt.datetime:
+        """The start of the day in the lab's time (the project's TIME_ZONE)."""
+        return timezone.make_aware(dt.datetime.combine(self.date, dt.time.min))
 
-class LabDayTaken(Exception):
+
+class BookingRefused(ValueError):
+    """A booking action that cannot be done; the message says why, for the customer."""
+
+
+class LabDayTaken(BookingRefused):
     """The lab day already has a booking that is not cancelled."""
 
     def __init__(self, lab_day: LabDay) -> None:
         super().__init__(f"{lab_day} is already booked; choose another day")
         self.lab_day = lab_day
+
+
+class NotAMember(BookingRefused):
+    """The user does not belong to the organisation the booking would be for."""
 
 
 class Booking(models.Model):
@@ -154,6 +204,8 @@ class Booking(models.Model):
         COMPLETED = "completed", "completed"
         CANCELLED = "cancelled", "cancelled"
 
+    # The booking's name in portal URLs; the integer key stays internal.
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     lab_day = models.ForeignKey(LabDay, on_delete=models.PROTECT, related_name="bookings")
     customer = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="bookings"
@@ -162,6 +214,8 @@ class Booking(models.Model):
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.REQUESTED)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = OrganisationScoped.as_manager()
 
     class Meta:
         ordering = ("-created_at",)
@@ -176,18 +230,51 @@ class Booking(models.Model):
     def __str__(self) -> str:
         return f"{self.lab_day} for {self.organisation} ({self.status})"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.clean()
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        # The booking's customer must be a member of its organisation; the two live in
+        # different tables, so the database cannot check it.
+        if self.customer_id is not None and self.organisation_id is not None:
+            member = Customer.objects.filter(user_id=self.customer_id, organisation_id=self.organisation_id)
+            if not member.exists():
+                raise ValidationError({"customer": "is not a member of the booking's organisation"})
+
+    @property
+    def is_active(self) -> bool:
+        return self.status != self.Status.CANCELLED
+
+    def change_deadline(self) -> dt.datetime:
+        """Until when the customer may cancel or move the booking."""
+        return self.lab_day.starts_at - dt.timedelta(hours=settings.BOOKING_CHANGE_CUTOFF_H)
+
+    def can_change(self, now: dt.datetime | None = None) -> bool:
+        return (
+            self.status in (self.Status.REQUESTED, self.Status.CONFIRMED)
+            and (now or timezone.now()) < self.change_deadline()
+            and not self.jobs.exclude(status="cancelled").exists()
+        )
+
 
 def book_lab_day(*, lab_day: LabDay, customer: Any, organisation: Organisation | None = None) -> Booking:
-    """Book `lab_day` for `customer` (a user). Raises LabDayTaken when someone else holds it.
+    """Book `lab_day` for `customer` (a user) on behalf of `organisation` (theirs when not
+    given). Raises NotAMember for a user outside that organisation, BookingRefused for a
+    closed day and LabDayTaken when someone else holds it.
 
     The unique constraint decides between concurrent requests; this only translates its
     verdict into an error a person can act on.
     """
+    member_of = organisation_of(customer)
     if organisation is None:
-        try:
-            organisation = customer.customer.organisation
-        except Customer.DoesNotExist:
-            raise ValueError(f"user {customer} belongs to no organisation; create a Customer first") from None
+        if member_of is None:
+            raise NotAMember(f"user {customer} belongs to no organisation; create a Customer first")
+        organisation = member_of
+    elif member_of is None or member_of.pk != organisation.pk:
+        raise NotAMember(f"user {customer} is not a member of {organisation}")
+    if lab_day.closed:
+        raise BookingRefused(f"{lab_day} is closed; choose another day")
     try:
         with transaction.atomic():
             return Booking.objects.create(lab_day=lab_day, customer=customer, organisation=organisation)
@@ -195,6 +282,51 @@ def book_lab_day(*, lab_day: LabDay, customer: Any, organisation: Organisation |
         if Booking.objects.filter(lab_day=lab_day).exclude(status=Booking.Status.CANCELLED).exists():
             raise LabDayTaken(lab_day) from None
         raise
+
+
+def _check_changeable(booking: Booking, now: dt.datetime | None) -> None:
+    if not booking.is_active:
+        raise BookingRefused("this booking is already cancelled")
+    if booking.status == Booking.Status.COMPLETED:
+        raise BookingRefused("this booking is completed")
+    if booking.jobs.exclude(status="cancelled").exists():
+        raise BookingRefused("the diagnostic for this booking has started; it can no longer be changed")
+    deadline = booking.change_deadline()
+    if (now or timezone.now()) >= deadline:
+        hours = settings.BOOKING_CHANGE_CUTOFF_H
+        raise BookingRefused(
+            f"bookings can be changed until {hours} h before the lab day "
+            f"({deadline:%Y-%m-%d %H:%M} UTC); that time has passed"
+        )
+
+
+def cancel_booking(*, booking: Booking, now: dt.datetime | None = None) -> Booking:
+    """Cancel before the cutoff; the day becomes free for others at once."""
+    with transaction.atomic():
+        booking = Booking.objects.select_for_update().get(pk=booking.pk)
+        _check_changeable(booking, now)
+        booking.status = Booking.Status.CANCELLED
+        booking.save(update_fields=["status", "updated_at"])
+    return booking
+
+
+def reschedule_booking(*, booking: Booking, lab_day: LabDay, now: dt.datetime | None = None) -> Booking:
+    """Move a booking to another free day before the cutoff (of the old day); the new day
+    must itself be at least the cutoff away. LabDayTaken when the new day went meanwhile."""
+    if lab_day.closed:
+        raise BookingRefused(f"{lab_day} is closed; choose another day")
+    moment = now or timezone.now()
+    if moment >= lab_day.starts_at - dt.timedelta(hours=settings.BOOKING_CHANGE_CUTOFF_H):
+        raise BookingRefused(f"{lab_day} is too soon to move to; choose a later day")
+    try:
+        with transaction.atomic():
+            locked = Booking.objects.select_for_update().get(pk=booking.pk)
+            _check_changeable(locked, moment)
+            locked.lab_day = lab_day
+            locked.save(update_fields=["lab_day", "updated_at"])
+    except IntegrityError:
+        raise LabDayTaken(lab_day) from None
+    return locked
 
 
 class ClusterConfiguration(models.Model):
@@ -210,6 +342,11 @@ class ClusterConfiguration(models.Model):
         YAML = "yaml", "YAML upload"
         COMMAND = "command", "launch command"
 
+    # The owner. A configuration with a booking belongs to the booking's organisation;
+    # one without (the demo, a consultant's run) to the house organisation.
+    organisation = models.ForeignKey(
+        Organisation, on_delete=models.PROTECT, related_name="configurations"
+    )
     booking = models.ForeignKey(
         Booking, null=True, blank=True, on_delete=models.CASCADE, related_name="configurations"
     )
@@ -223,8 +360,25 @@ class ClusterConfiguration(models.Model):
     normalized = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = OrganisationScoped.as_manager()
+
     class Meta:
         ordering = ("-created_at",)
 
     def __str__(self) -> str:
         return self.label or f"configuration {self.pk} ({self.source})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Ownership follows the booking, so a caller cannot file a configuration under
+        # another organisation's booking.
+        if self.organisation_id is None:
+            booking = self.booking
+            self.organisation = booking.organisation if booking is not None else Organisation.house()
+        self.clean()
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        booking = self.booking
+        if booking is not None and self.organisation_id is not None:
+            if booking.organisation_id != self.organisation_id:
+                raise ValidationError({"organisation": "must be the organisation of the booking"})

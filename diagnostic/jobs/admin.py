@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from diagnostic.jobs.models import DiagnosticJob, Finding, LabLease, Measurement, StageRun
+from diagnostic.jobs.models import DiagnosticJob, Finding, LabLease, Measurement, ReportVersion, StageRun
 
 
 class StageRunInline(admin.TabularInline):
@@ -50,3 +50,10 @@ class MeasurementAdmin(admin.ModelAdmin):
 @admin.register(LabLease)
 class LabLeaseAdmin(admin.ModelAdmin):
     list_display = ("lab", "job", "owner", "expires_at")
+
+
+@admin.register(ReportVersion)
+class ReportVersionAdmin(admin.ModelAdmin):
+    list_display = ("job", "digest", "pages", "created_at", "approved_at", "approved_by")
+    list_filter = ("approved_at",)
+    readonly_fields = ("job", "digest", "pdf_path", "pages", "created_at")

@@ -4,7 +4,11 @@ A DiagnosticJob runs one configuration on one lab as an ordered list of StageRun
 Each StageRun is claimed under a lease (owner + expiry) so that exactly one worker runs
 it at a time and a dead worker's stage can be taken over; a stage that succeeded is
 never run again. Findings and Measurements are written when their stage succeeds.
-LabLease makes one job at a time the holder of a lab.
+LabLease makes one job at a time the holder of a lab. ReportVersion records each report
+a job produced and whether staff approved it for the customer.
+
+A job belongs to the organisation of its configuration, and its booking is the
+configuration's booking: save() derives both and refuses a job whose links disagree.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
-from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab
+from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab, Organisation, OrganisationScoped
 
 
 class DiagnosticJob(models.Model):
@@ -32,6 +38,7 @@ class DiagnosticJob(models.Model):
     TERMINAL = frozenset({Status.SUCCEEDED, Status.PARTIAL, Status.FAILED, Status.CANCELLED})
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organisation = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="jobs")
     booking = models.ForeignKey(
         Booking, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
     )
@@ -51,12 +58,32 @@ class DiagnosticJob(models.Model):
     # The diagnostic.findings/1 document, rebuilt when the job ends.
     findings = models.JSONField(null=True, blank=True)
 
+    objects = OrganisationScoped.as_manager()
+
     class Meta:
         ordering = ("-created_at",)
         indexes = (models.Index(fields=["status"], name="job_status_idx"),)
 
     def __str__(self) -> str:
         return f"job {self.pk} on {self.lab_id} ({self.status})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # The configuration decides whose job this is; a job given no booking takes the
+        # configuration's, so job.booking and job.config.booking cannot drift apart.
+        if self._state.adding:
+            if self.organisation_id is None:
+                self.organisation_id = self.config.organisation_id
+            if self.booking_id is None:
+                self.booking_id = self.config.booking_id
+        self.clean()
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        config = self.config
+        if self.booking_id != config.booking_id:
+            raise ValidationError({"booking": "must be the booking the configuration was submitted for"})
+        if self.organisation_id != config.organisation_id:
+            raise ValidationError({"organisation": "must be the organisation of the configuration"})
 
     @property
     def is_terminal(self) -> bool:
@@ -203,3 +230,60 @@ class LabLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lab_id}: {self.job_id or 'free'}"
+
+
+class ReportVersion(models.Model):
+    """One version of a job's written report (its digest names what it says), and whether
+    staff approved it for the customer. The customer sees only approved versions."""
+
+    job = models.ForeignKey(DiagnosticJob, on_delete=models.CASCADE, related_name="report_versions")
+    digest = models.CharField(max_length=64)
+    pdf_path = models.CharField(max_length=500)
+    pages = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+
+    class Meta:
+        ordering = ("job", "created_at", "id")
+        constraints = (
+            models.UniqueConstraint(fields=["job", "digest"], name="report_version_once_per_digest"),
+            # An approval names who gave it, and only an approval does.
+            models.CheckConstraint(
+                condition=Q(approved_at__isnull=True, approved_by__isnull=True)
+                | Q(approved_at__isnull=False),
+                name="report_version_approver_only_when_approved",
+            ),
+        )
+
+    def __str__(self) -> str:
+        state = "approved" if self.approved_at else "awaiting approval"
+        return f"report {self.version} of job {self.job_id} ({state})"
+
+    @property
+    def version(self) -> str:
+        return self.digest[:12]
+
+    @property
+    def is_approved(self) -> bool:
+        return self.approved_at is not None
+
+    def approve(self, *, by: Any = None) -> None:
+        """Release this version to the customer (staff dashboard; the demo's auto-approval)."""
+        ReportVersion.objects.filter(pk=self.pk, approved_at__isnull=True).update(
+            approved_at=timezone.now(), approved_by=by
+        )
+        self.refresh_from_db(fields=["approved_at", "approved_by"])
+
+
+def record_report_version(*, job: DiagnosticJob, digest: str, pdf_path: str, pages: int) -> ReportVersion:
+    """Note a rendered report version once (re-rendering the same report changes nothing);
+    with PORTAL_AUTO_APPROVE on it is released to the customer at once."""
+    row, _ = ReportVersion.objects.get_or_create(
+        job=job, digest=digest, defaults={"pdf_path": pdf_path, "pages": pages}
+    )
+    if settings.PORTAL_AUTO_APPROVE and not row.is_approved:
+        row.approve()
+    return row

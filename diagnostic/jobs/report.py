@@ -13,7 +13,7 @@ from django.conf import settings
 
 from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.findings import SECTIONS, build_findings, validate_findings
-from diagnostic.jobs.models import DiagnosticJob
+from diagnostic.jobs.models import DiagnosticJob, record_report_version
 from reports.email import build_report_email, write_eml
 from reports.models import first_sent_at, overrides_for
 from reports.report import render
@@ -50,6 +50,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         sent_at=first_sent_at(str(job.pk)),
     )
     document["money_back"] = rendered.money_back.as_findings()
+    # The portal shows a version once staff approve it (or PORTAL_AUTO_APPROVE does).
+    record_report_version(job=job, digest=rendered.digest, pdf_path=str(rendered.pdf_path),
+                          pages=rendered.pages)
     validate_findings(document)
     DiagnosticJob.objects.filter(pk=job.pk).update(findings=document)
     # The message staff will approve and send; until then it waits beside the PDF. Without

@@ -1,0 +1,33 @@
+"""Account URLs under /accounts/: Django's login, logout and password reset with our
+templates and email login form, and the invitation link."""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth
+from django.urls import path, reverse_lazy
+
+from diagnostic.accounts.views import EmailAuthenticationForm, accept_invite
+
+app_name = "accounts"
+
+urlpatterns = [
+    path(
+        "login/",
+        auth.LoginView.as_view(authentication_form=EmailAuthenticationForm, redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("logout/", auth.LogoutView.as_view(), name="logout"),
+    path(
+        "password-reset/",
+        auth.PasswordResetView.as_view(success_url=reverse_lazy("accounts:password_reset_done")),
+        name="password_reset",
+    ),
+    path("password-reset/sent/", auth.PasswordResetDoneView.as_view(), name="password_reset_done"),
+    path(
+        "reset/<uidb64>/<token>/",
+        auth.PasswordResetConfirmView.as_view(success_url=reverse_lazy("accounts:password_reset_complete")),
+        name="password_reset_confirm",
+    ),
+    path("reset/done/", auth.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
+    path("invite/<str:token>/", accept_invite, name="accept-invite"),
+]

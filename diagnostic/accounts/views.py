@@ -1,0 +1,102 @@
+"""Account pages beyond Django's own login/logout/reset: accepting an invitation (set a
+password) and the page a locked-out login gets."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from axes.helpers import get_cool_off
+from axes.models import AccessAttempt
+from django import forms
+from django.contrib.auth import login, password_validation
+from django.contrib.auth.forms import AuthenticationForm
+from django.db.models import Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+
+from diagnostic.accounts.invitations import InvitationUnusable, accept, find_usable
+
+
+class EmailAuthenticationForm(AuthenticationForm):
+    """Django's login form; customers sign in with their email address."""
+
+    username = forms.CharField(
+        label="Email", widget=forms.EmailInput(attrs={"autofocus": True, "autocomplete": "email"})
+    )
+
+
+class SetPasswordForm(forms.Form):
+    password1 = forms.CharField(
+        label="Password",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        help_text=password_validation.password_validators_help_text_html(),
+    )
+    password2 = forms.CharField(
+        label="Password again",
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+    )
+
+    def __init__(self, *args: Any, email: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.email = email
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        first, second = data.get("password1"), data.get("password2")
+        if first and second and first != second:
+            self.add_error("password2", "the two passwords differ")
+        elif first:
+            from django.contrib.auth.models import User
+
+            probe = User(username=self.email, email=self.email)
+            try:
+                password_validation.validate_password(first, probe)
+            except forms.ValidationError as exc:
+                self.add_error("password1", exc)
+        return data
+
+
+@require_http_methods(["GET", "POST"])
+def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
+    try:
+        invitation = find_usable(token)
+    except InvitationUnusable as exc:
+        return render(request, "accounts/invite_unusable.html", {"reason": str(exc)}, status=410)
+    form = SetPasswordForm(request.POST or None, email=invitation.email)
+    if request.method == "POST" and form.is_valid():
+        try:
+            user = accept(token=token, password=form.cleaned_data["password1"])
+        except InvitationUnusable as exc:
+            return render(request, "accounts/invite_unusable.html", {"reason": str(exc)}, status=410)
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        return redirect("portal:bookings")
+    return render(request, "accounts/accept_invite.html", {"form": form, "invitation": invitation})
+
+
+def unlocks_at(request: HttpRequest, username: str) -> dt.datetime | None:
+    """When the lockout of this account or address ends: the cool-off after the last failure."""
+    cool_off = get_cool_off(request)
+    if not cool_off:
+        return None
+    address = request.META.get("REMOTE_ADDR", "")
+    last = (
+        AccessAttempt.objects.filter(Q(username=username) | Q(ip_address=address))
+        .order_by("-attempt_time")
+        .values_list("attempt_time", flat=True)
+        .first()
+    )
+    return (last or timezone.now()) + cool_off
+
+
+def locked_out(
+    request: HttpRequest, response: Any = None, credentials: dict[str, Any] | None = None
+) -> HttpResponse:
+    """django-axes' lockout answer: say the account is locked and until when."""
+    username = (credentials or {}).get("username") or request.POST.get("username", "")
+    context = {"username": username, "unlocks_at": unlocks_at(request, username)}
+    return render(request, "accounts/locked.html", context, status=429)

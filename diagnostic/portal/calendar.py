@@ -1,0 +1,69 @@
+"""The lab calendar a customer books from: each lab day ahead with its state (available,
+booked, closed), as plain data the template lays out by week."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.utils import timezone
+
+from diagnostic.bookings.models import Booking, LabDay, Organisation
+
+
+@dataclass(frozen=True)
+class CalendarDay:
+    date: dt.date
+    lab_day: LabDay | None
+    state: str  # "available", "booked", "yours", "closed", "none" (no lab day that date)
+
+    @property
+    def bookable(self) -> bool:
+        return self.state == "available"
+
+
+def first_bookable_date(now: dt.datetime | None = None) -> dt.date:
+    """The earliest date still outside the change cutoff (a booking made later could not
+    be cancelled, so the calendar does not offer it)."""
+    moment = timezone.localtime(now or timezone.now())
+    earliest = moment + dt.timedelta(hours=settings.BOOKING_CHANGE_CUTOFF_H)
+    day = earliest.date()
+    return day if earliest.time() == dt.time.min else day + dt.timedelta(days=1)
+
+
+def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) -> list[list[CalendarDay]]:
+    """Weeks (Monday first) from `start`'s week over PORTAL_CALENDAR_DAYS days."""
+    first = start or first_bookable_date()
+    monday = first - dt.timedelta(days=first.weekday())
+    days = settings.PORTAL_CALENDAR_DAYS
+    end = monday + dt.timedelta(days=days + (7 - days % 7) % 7)
+    lab_days = {
+        d.date: d for d in LabDay.objects.filter(date__gte=monday, date__lt=end).select_related("lab")
+    }
+    active = dict(
+        Booking.objects.filter(lab_day__date__gte=monday, lab_day__date__lt=end)
+        .exclude(status=Booking.Status.CANCELLED)
+        .values_list("lab_day__date", "organisation_id")
+    )
+    weeks: list[list[CalendarDay]] = []
+    date = monday
+    while date < end:
+        lab_day = lab_days.get(date)
+        if lab_day is None:
+            state = "none"
+        elif date in active:
+            state = "yours" if active[date] == organisation.pk else "booked"
+        elif lab_day.closed or date < first:
+            state = "closed"
+        else:
+            state = "available"
+        if date.weekday() == 0:
+            weeks.append([])
+        weeks[-1].append(CalendarDay(date, lab_day, state))
+        date += dt.timedelta(days=1)
+    return weeks
+
+
+def is_bookable_now(lab_day: LabDay) -> bool:
+    return not lab_day.closed and lab_day.date >= first_bookable_date()

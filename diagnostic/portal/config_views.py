@@ -1,0 +1,159 @@
+"""The configuration page of a booking: three ways in (form, YAML, pasted command), a
+preview of the normalized configuration and its launch command, and the confirmation
+that creates the job. Every error is shown beside its input and the input is kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from diagnostic.bookings.configs import submit_configuration
+from diagnostic.bookings.models import Booking
+from diagnostic.jobs.orchestration import create_job
+from diagnostic.portal.jobrun import start_job
+from diagnostic.portal.scoping import customer_required, get_booking_for_customer
+from diagnostic.portal.submission import (
+    NON_FIELD,
+    STRUCTURED_FIELDS,
+    Source,
+    Submission,
+    SubmissionError,
+    from_command,
+    from_form,
+    from_yaml,
+    input_name,
+    launch_preview,
+    normalized_yaml,
+    yaml_text_from_upload,
+)
+from lab.config import JIT_CACHES, KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, SPEC_METHODS
+
+CHOICES = {
+    "engine.name": ("vllm", "sglang"),
+    "model.quantization": QUANTIZATIONS,
+    "serving.kv_cache_dtype": KV_CACHE_DTYPES,
+    "serving.load_format": LOAD_FORMATS,
+    "serving.jit_cache": JIT_CACHES,
+    "speculative.method": SPEC_METHODS,
+}
+KEPT_INPUTS = ("source", "yaml_text", "command", *(input_name(d) for d, _ in STRUCTURED_FIELDS))
+
+
+def _kept(request: HttpRequest) -> dict[str, str]:
+    return {name: request.POST.get(name, "") for name in KEPT_INPUTS if name in request.POST}
+
+
+def _submission(request: HttpRequest, values: dict[str, str]) -> Submission:
+    source = values.get("source", "")
+    if source == Source.YAML:
+        upload = request.FILES.get("yaml_file")
+        if upload is not None and upload.size:
+            values["yaml_text"] = yaml_text_from_upload(upload.read(64 * 1024 + 1))
+        return from_yaml(values.get("yaml_text", ""))
+    if source == Source.COMMAND:
+        return from_command(values.get("command", ""))
+    if source == Source.FORM:
+        return from_form(values)
+    raise SubmissionError({NON_FIELD: ["choose how to give the configuration: form, YAML or command"]})
+
+
+def _form_rows(values: dict[str, str], errors: dict[str, list[str]]) -> list[dict[str, Any]]:
+    rows = []
+    for dotted, kind in STRUCTURED_FIELDS:
+        name = input_name(dotted)
+        rows.append(
+            {
+                "dotted": dotted,
+                "name": name,
+                "kind": kind,
+                "value": values.get(name, ""),
+                "choices": CHOICES.get(dotted, ()),
+                "errors": errors.get(name, []),
+                "checked": values.get(name) in ("on", "true", "1"),
+            }
+        )
+    return rows
+
+
+def _page(
+    request: HttpRequest,
+    booking: Booking,
+    values: dict[str, str],
+    errors: dict[str, list[str]],
+    status: int = 200,
+) -> HttpResponse:
+    context = {
+        "booking": booking,
+        "values": values,
+        "errors": errors,
+        "source": values.get("source", Source.COMMAND),
+        "form_rows": _form_rows(values, errors),
+        "non_field_errors": errors.get(NON_FIELD, []),
+    }
+    return render(request, "portal/config.html", context, status=status)
+
+
+def _open_job(booking: Booking) -> Any:
+    return booking.jobs.exclude(status="cancelled").order_by("-created_at").first()
+
+
+@customer_required
+@require_http_methods(["GET", "POST"])
+def booking_config(request: HttpRequest, booking_id: str) -> HttpResponse:
+    booking = get_booking_for_customer(request, booking_id)
+    job = _open_job(booking)
+    if job is not None:
+        return redirect("portal:job", job_id=job.pk)
+    if not booking.is_active:
+        messages.error(request, "This booking is cancelled; book a new day to submit a configuration.")
+        return redirect("portal:booking", booking_id=booking.uuid)
+    if request.method == "GET":
+        return _page(request, booking, {"source": Source.COMMAND}, {})
+    values = _kept(request)
+    action = request.POST.get("action", "preview")
+    if action == "edit":
+        return _page(request, booking, values, {})
+    try:
+        submission = _submission(request, values)
+    except SubmissionError as exc:
+        return _page(request, booking, values, exc.errors, status=400)
+    if action == "confirm":
+        return _confirm(request, booking, submission)
+    context = {
+        "booking": booking,
+        "values": values,
+        "normalized_yaml": normalized_yaml(submission.normalized),
+        "launch_command": launch_preview(submission.normalized, booking.lab_day.lab),
+    }
+    return render(request, "portal/config_preview.html", context)
+
+
+def _confirm(request: HttpRequest, booking: Booking, submission: Submission) -> HttpResponse:
+    with transaction.atomic():
+        locked = Booking.objects.select_for_update().get(pk=booking.pk)
+        existing = _open_job(locked)
+        if existing is not None:  # a second confirm (double click, two tabs) adds nothing
+            return redirect("portal:job", job_id=existing.pk)
+        try:
+            config = submit_configuration(
+                raw_text=submission.raw_text,
+                source=submission.source,
+                booking=locked,
+                submitted_by=request.user,
+                label=f"{locked.lab_day.date.isoformat()} {submission.source}",
+            )
+        except ValidationError as exc:
+            return _page(request, booking, _kept(request), {NON_FIELD: list(exc.messages)}, status=400)
+        job = create_job(config=config, lab=locked.lab_day.lab, booking=locked, created_by=request.user)
+        if locked.status == Booking.Status.REQUESTED:
+            locked.status = Booking.Status.CONFIRMED
+            locked.save(update_fields=["status", "updated_at"])
+        start_job(job)
+    messages.success(request, "Configuration confirmed; the diagnostic is queued for your lab day.")
+    return redirect("portal:job", job_id=job.pk)

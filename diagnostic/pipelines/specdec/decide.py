@@ -1,0 +1,178 @@
+"""The speculative-decoding decision: per workload, the best confirmed setting and whether
+it beats the customer's and no speculation; for the server, the one setting to deploy.
+
+Every comparison uses the confirmation runs only (fresh n = 15 measurements, never the
+screening samples). Picking the fastest of several confirmed settings and then testing it
+on the same runs would favour noise, so each workload's tests run at 5 % divided by the
+number of alternatives compared with the customer's setting (Bonferroni). The deployed
+setting maximises the delivered rate of the customer's mix: with workload shares w_i of
+the generated tokens, a mix runs at H = 1 / sum(w_i / rate_i) (time adds up, not rates);
+its interval comes from the delta method, with Welch-Satterthwaite degrees of freedom.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scipy import stats as scipy_stats
+
+from diagnostic.pipelines.specdec.search import NO_SPECULATION, Setting
+from diagnostic.pipelines.stats import CONFIDENCE, summarize, welch
+
+ALPHA = 0.05
+
+# workload -> decode-rate samples of one confirmed setting
+Samples = Mapping[str, Sequence[float]]
+
+
+def difference_interval(before: Sequence[float], after: Sequence[float]) -> list[float]:
+    """Welch's 95 % interval of mean(after) - mean(before)."""
+    test = welch(after, before)
+    se = math.sqrt(statistics.variance(after) / len(after) + statistics.variance(before) / len(before))
+    half = float(scipy_stats.t.ppf(0.5 + CONFIDENCE / 2.0, test["dof"])) * se if se > 0 else 0.0
+    return [round(test["diff"] - half, 4), round(test["diff"] + half, 4)]
+
+
+def comparison(before: Sequence[float], after: Sequence[float], alpha: float) -> dict[str, Any]:
+    """Welch's test of `after` against `before` at `alpha`; `diff` is after - before."""
+    test = welch(after, before, alpha=alpha)
+    return {
+        "diff_tps": round(test["diff"], 4),
+        "ci95": difference_interval(before, after),
+        "p": round(test["p"], 6),
+        "alpha": round(alpha, 6),
+        "significant": bool(test["different"]),
+        "faster": bool(test["different"] and test["diff"] > 0),
+        "slower": bool(test["different"] and test["diff"] < 0),
+    }
+
+
+@dataclass(frozen=True)
+class WorkloadDecision:
+    workload: str
+    best: Setting  # what to serve this workload with (the customer's unless proved faster)
+    fastest: Setting  # the highest confirmed mean, proved or not
+    best_vs_customer: dict[str, Any] | None
+    best_vs_none: dict[str, Any] | None
+    customer_vs_none: dict[str, Any] | None
+    verdict: str  # "harmful" | "suboptimal" | "ok"
+    alternatives: int
+
+
+def decide_workload(
+    workload: str, confirmed: Mapping[Setting, Samples], customer: Setting
+) -> WorkloadDecision | None:
+    """The decision on one workload from confirmed samples (None when the customer's
+    setting has no confirmed runs there: nothing to compare against)."""
+    rated = {s: list(v[workload]) for s, v in confirmed.items() if len(v.get(workload) or ()) >= 2}
+    if customer not in rated:
+        return None
+    alternatives = len(rated) - 1
+    alpha = ALPHA / max(1, alternatives)
+    fastest = max(rated, key=lambda s: (statistics.fmean(rated[s]), -s.k, s.method == customer.method))
+    best_vs_customer = comparison(rated[customer], rated[fastest], alpha) if fastest != customer else None
+    best = fastest if best_vs_customer and best_vs_customer["faster"] else customer
+    none = rated.get(NO_SPECULATION)
+    customer_vs_none = (
+        comparison(none, rated[customer], ALPHA) if none is not None and customer != NO_SPECULATION else None
+    )
+    best_vs_none = (
+        comparison(none, rated[best], ALPHA) if none is not None and best != NO_SPECULATION else None
+    )
+    if customer_vs_none and customer_vs_none["slower"]:
+        verdict = "harmful"
+    elif best != customer:
+        verdict = "suboptimal"
+    else:
+        verdict = "ok"
+    return WorkloadDecision(
+        workload,
+        best,
+        fastest,
+        None if best == customer and fastest == customer else best_vs_customer,
+        best_vs_none,
+        customer_vs_none,
+        verdict,
+        alternatives,
+    )
+
+
+def mix_rate(samples: Samples, weights: Mapping[str, float]) -> tuple[float, list[tuple[float, float, int]]]:
+    """H = 1 / sum(w_i / mean_i) and its delta-method terms (c_i^2 var_i of the mean, var_i
+    of the mean, n_i) per workload."""
+    means = {w: statistics.fmean(samples[w]) for w in weights}
+    h = 1.0 / sum(wt / means[w] for w, wt in weights.items())
+    terms = []
+    for w, wt in weights.items():
+        n = len(samples[w])
+        var_mean = statistics.variance(samples[w]) / n
+        gradient = h * h * wt / (means[w] ** 2)
+        terms.append((gradient * gradient * var_mean, var_mean, n))
+    return h, terms
+
+
+def mix_comparison(
+    before: Samples, after: Samples, weights: Mapping[str, float], alpha: float
+) -> dict[str, Any]:
+    """after's mix rate against before's: difference, 95 % interval, p at `alpha`."""
+    h_before, t_before = mix_rate(before, weights)
+    h_after, t_after = mix_rate(after, weights)
+    terms = t_before + t_after
+    var = sum(t[0] for t in terms)
+    diff = h_after - h_before
+    if var == 0.0:
+        p = 1.0 if diff == 0.0 else 0.0
+        half = 0.0
+    else:
+        dof = var**2 / sum(t[0] ** 2 / (t[2] - 1) for t in terms if t[0] > 0)
+        p = float(2.0 * scipy_stats.t.sf(abs(diff) / math.sqrt(var), dof))
+        half = float(scipy_stats.t.ppf(0.5 + CONFIDENCE / 2.0, dof)) * math.sqrt(var)
+    return {
+        "before_tps": round(h_before, 4),
+        "after_tps": round(h_after, 4),
+        "diff_tps": round(diff, 4),
+        "ci95": [round(diff - half, 4), round(diff + half, 4)],
+        "p": round(p, 6),
+        "alpha": round(alpha, 6),
+        "significant": p < alpha,
+        "faster": p < alpha and diff > 0,
+    }
+
+
+@dataclass(frozen=True)
+class Deployment:
+    setting: Setting
+    fastest_mix: Setting
+    mix_tps: float
+    vs_customer: dict[str, Any] | None
+    weights: dict[str, float]
+
+
+def choose_deployed(
+    confirmed: Mapping[Setting, Samples], customer: Setting, weights: Mapping[str, float]
+) -> Deployment | None:
+    """The one setting a server runs for the mix: the highest mix rate among settings
+    confirmed on every weighted workload, kept at the customer's unless proved faster."""
+    total = sum(w for w in weights.values() if w > 0)
+    if total <= 0:
+        return None
+    share = {w: float(v) / total for w, v in weights.items() if v > 0}
+    complete = {s: v for s, v in confirmed.items() if all(len(v.get(w) or ()) >= 2 for w in share)}
+    if customer not in complete:
+        return None
+    rates = {s: mix_rate(v, share)[0] for s, v in complete.items()}
+    fastest = max(rates, key=lambda s: (rates[s], -s.k))
+    alpha = ALPHA / max(1, len(complete) - 1)
+    vs = mix_comparison(complete[customer], complete[fastest], share, alpha) if fastest != customer else None
+    chosen = fastest if vs and vs["faster"] else customer
+    return Deployment(chosen, fastest, round(rates[chosen], 4), vs, share)
+
+
+def confirmed_summary(samples: Sequence[float]) -> dict[str, Any]:
+    """n, mean and interval of one confirmed setting on one workload, as findings carry them."""
+    s = summarize(samples)
+    return {"n": s["n"], "mean_tps": s["mean"], "ci95": s["ci95"], "sd_tps": s["sd"], "samples": s["samples"]}

@@ -1,0 +1,813 @@
+"""The specdec stage's pipeline: find the speculative setting that is actually fastest, per
+workload and for the customer's mix, in bounded lab time (METHODOLOGY.md, "Speculative-
+decoding tuning").
+
+Every trial is a warm engine restart (page cache and JIT cache kept) of the configuration
+with one speculative setting, then a measurement of every workload. Screening trials are
+short (n = 5); the k-search (`search.py`) decides which lengths to screen; the finalists
+(each workload's best, the customer's setting, no speculation, and a close runner-up when
+the budget allows) are confirmed with fresh n = 15 runs; the decision (`decide.py`) reads
+only those. Lab time is the session's clock; the budget reserves what the confirmations
+will cost, estimated from the restarts and runs measured so far.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from diagnostic.pipelines.changes import apply_changes, change
+from diagnostic.pipelines.specdec.catalog import load_catalog
+from diagnostic.pipelines.specdec.decide import (
+    Deployment,
+    WorkloadDecision,
+    choose_deployed,
+    comparison,
+    confirmed_summary,
+    decide_workload,
+)
+from diagnostic.pipelines.specdec.search import NO_SPECULATION, NONE, KSearch, Setting, search_k
+from lab.config import MAX_SPEC_TOKENS
+
+if TYPE_CHECKING:
+    from lab.session import LabSession
+
+SECTION_SCHEMA = "diagnostic.speculative/1"
+# Lab seconds the search may spend on an 8-node Kimi K2 configuration (issue 13).
+DEFAULT_BUDGET_LAB_S = 4500.0
+RESTART_TIMEOUT_LAB_S = 1800.0
+# After each workload the measurement waits for requests the server still runs; a couple
+# of lab seconds is enough for a single stream (the measure stage keeps its own figure).
+SETTLE_LAB_S = 2.0
+# A screening result within this fraction of a workload's best screened rate is confirmed
+# too when the budget allows: n = 5 cannot order settings that close.
+RUNNER_UP_MARGIN = 0.05
+DEFAULT_K = 4  # the common default draft length
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How one phase measures: runs per workload, warm-up runs discarded, tokens per run."""
+
+    n: int
+    warmup: int
+    max_tokens: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"n": self.n, "warmup_discarded": self.warmup, "max_tokens": self.max_tokens}
+
+
+# Screening asks only which lengths are promising: five runs after one warm-up, 192 tokens
+# each. Confirmation uses n = 15 after the protocol's two warm-ups with 256 tokens a run.
+# The decode rate is a per-token figure ((N - 1) / decode time at batch 1) that does not
+# depend on how many tokens are asked for, while every run's cost does; the measure stage
+# measures the deployed configuration with the full 512-token protocol afterwards.
+SCREEN = Protocol(n=5, warmup=1, max_tokens=192)
+CONFIRM = Protocol(n=15, warmup=2, max_tokens=256)
+# What an exhaustive sweep would use: the measurement protocol itself.
+SWEEP = Protocol(n=15, warmup=2, max_tokens=512)
+
+Log = Callable[[str], None]
+Progress = Callable[[float, str], None]
+Measure = Callable[..., dict[str, Any]]
+
+
+def _default_measure(session: LabSession, **options: Any) -> dict[str, Any]:
+    from diagnostic.pipelines.measure.protocol import measure_on_session
+
+    return measure_on_session(session, **options)
+
+
+# -- the customer's setting and the space --------------------------------------------------
+
+
+def setting_of(config: Mapping[str, Any]) -> Setting:
+    spec = config.get("speculative")
+    if not spec:
+        return NO_SPECULATION
+    return Setting(str(spec["method"]), int(spec["num_speculative_tokens"]))
+
+
+def speculative_block(setting: Setting, draft: str | None, customer_spec: Mapping[str, Any] | None) -> Any:
+    """The configuration's `speculative` value for a setting (None: no speculation). n-gram
+    keeps the customer's lookup window when they set one."""
+    if setting.method == NONE:
+        return None
+    lookup = {"prompt_lookup_max": None, "prompt_lookup_min": None}
+    if setting.method == "ngram" and customer_spec and customer_spec.get("method") == "ngram":
+        lookup = {k: customer_spec.get(k) for k in lookup}
+    return {
+        "method": setting.method,
+        "draft_model": draft if setting.method == "eagle3" else None,
+        "num_speculative_tokens": setting.k,
+        **lookup,
+    }
+
+
+def model_mtp_heads(session: LabSession) -> int | None:
+    """The model's multi-token-prediction heads, from its config.json in the lab's model
+    directory (`num_nextn_predict_layers`, DeepSeek-V3 style); None when unreadable."""
+    head = session.inventory.head
+    try:
+        data = json.loads(session.ssh[head.name].get_bytes(f"{head.model_dir}/config.json"))
+    except Exception:
+        return None
+    value = data.get("num_nextn_predict_layers") if isinstance(data, dict) else None
+    return int(value) if isinstance(value, int) else None
+
+
+def launch_syntax(session: LabSession, config: Mapping[str, Any]) -> str:
+    """The speculative part of the head node's command line for `config`, as the engine
+    takes it (what the customer pastes into their own launch command)."""
+    from lab.engines import render
+
+    nodes = session.nodes_for(config)
+    argv = list(
+        render({**config, "model": {**config["model"], "path": nodes[0].model_dir}}, nodes)[0]["argv"]
+    )
+    picked: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i].startswith("--speculative"):
+            picked.append(argv[i])
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                i += 1
+                picked.append(argv[i])
+        i += 1
+    return shlex.join(picked) if picked else "(no speculative flags: speculation off)"
+
+
+# -- lab time --------------------------------------------------------------------------------
+
+
+class LabCosts:
+    """What restarts and runs have cost so far, to price trials not yet run."""
+
+    def __init__(self) -> None:
+        self.restarts: list[float] = []
+        self.per_run_fixed: list[float] = []
+        self.rates: dict[Setting, dict[str, float]] = {}
+
+    def observe(
+        self,
+        setting: Setting,
+        restart_s: float,
+        measure_s: float,
+        protocol: Protocol,
+        rates: Mapping[str, float],
+    ) -> None:
+        self.restarts.append(restart_s)
+        self.rates.setdefault(setting, {}).update(rates)
+        runs = (protocol.n + protocol.warmup) * len(rates)
+        decode = sum(
+            (protocol.n + protocol.warmup) * protocol.max_tokens / r for r in rates.values() if r > 0
+        )
+        if runs:
+            self.per_run_fixed.append(max(0.0, (measure_s - decode) / runs))
+
+    @property
+    def known(self) -> bool:
+        return bool(self.restarts)
+
+    def restart_s(self) -> float:
+        return statistics.fmean(self.restarts) if self.restarts else 0.0
+
+    def fixed_s(self) -> float:
+        return statistics.fmean(self.per_run_fixed) if self.per_run_fixed else 0.0
+
+    def rate(self, setting: Setting, workload: str) -> float | None:
+        own = self.rates.get(setting, {}).get(workload)
+        if own:
+            return own
+        # Unmeasured: the slowest rate seen on the workload, so that estimates err long.
+        seen = [r[workload] for r in self.rates.values() if r.get(workload)]
+        return min(seen) if seen else None
+
+    def trial_s(self, setting: Setting, workloads: Sequence[str], protocol: Protocol) -> float:
+        total = self.restart_s()
+        for w in workloads:
+            rate = self.rate(setting, w) or 1.0
+            total += (protocol.n + protocol.warmup) * (protocol.max_tokens / rate + self.fixed_s())
+        return total
+
+    def sweep_s(self, space: Sequence[Setting], workloads: Sequence[str]) -> float:
+        """An exhaustive sweep of `space` at the full protocol, priced from what was measured:
+        a measured setting at its own rate, an unmeasured one at the mean rate measured on the
+        workload (a sweep would run them all)."""
+        mean_rate = {
+            w: statistics.fmean([r[w] for r in self.rates.values() if r.get(w)] or [1.0]) for w in workloads
+        }
+        total = 0.0
+        for setting in space:
+            total += self.restart_s()
+            for w in workloads:
+                rate = self.rates.get(setting, {}).get(w) or mean_rate[w]
+                total += (SWEEP.n + SWEEP.warmup) * (SWEEP.max_tokens / rate + self.fixed_s())
+        return total
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+
+
+class _Run:
+    """One specdec run's state: the trials, the lab-time ledger, the search results."""
+
+    def __init__(
+        self,
+        session: LabSession,
+        config: Mapping[str, Any],
+        *,
+        log: Log,
+        progress: Progress,
+        check_cancelled: Callable[[], None],
+        budget_lab_s: float,
+        measure: Measure,
+        screen: Protocol,
+        confirm: Protocol,
+    ) -> None:
+        self.session = session
+        self.config = dict(config)
+        self.engine = str(config["engine"]["name"])
+        self.workloads = [str(w) for w in config["workloads"]]
+        self.log, self.progress, self.check_cancelled = log, progress, check_cancelled
+        self.budget = float(budget_lab_s)
+        self.measure_fn = measure
+        self.screen_protocol, self.confirm_protocol = screen, confirm
+        self.started = session.clock.now()
+        self.costs = LabCosts()
+        self.trials: list[dict[str, Any]] = []
+        self.screened: dict[Setting, dict[str, Any] | None] = {}
+        self.confirmed: dict[Setting, dict[str, list[float]]] = {}
+        self.confirmed_rows: dict[Setting, dict[str, dict[str, Any]]] = {}
+        self.reserve: Callable[[], float] = lambda: 0.0
+
+    def spent(self) -> float:
+        return self.session.clock.now() - self.started
+
+    # A trial: restart warm with the setting, measure every workload.
+    def trial(self, setting: Setting, phase: str, spec: Any) -> dict[str, dict[str, Any]] | None:
+        self.check_cancelled()
+        protocol = self.screen_protocol if phase == "screen" else self.confirm_protocol
+        trial_config = apply_changes(
+            self.config,
+            [change("speculative", self.config.get("speculative"), spec, finding="specdec.trial")],
+        )
+        index = len({row["trial"] for row in self.trials}) + 1
+        base = {
+            "trial": index,
+            "setting": setting.as_dict(),
+            "method": setting.method,
+            "k": setting.k,
+            "phase": phase,
+            "stage": phase,
+        }
+        t0 = self.session.clock.now()
+        from lab.session import LaunchFailed, LaunchTimeout
+
+        try:
+            self.session.launch(trial_config, cold=False, timeout_s=RESTART_TIMEOUT_LAB_S)
+        except (LaunchFailed, LaunchTimeout) as exc:
+            from lab.engines import failure_message
+
+            tail = getattr(exc, "log_tail", "") or ""
+            error = failure_message(self.engine, tail) or str(exc)
+            lab_s = round(self.session.clock.now() - t0, 3)
+            status = "refused" if isinstance(exc, LaunchFailed) else "timeout"
+            self.log(f"trial {index} ({phase}) {setting.label}: {status} at startup: {error}")
+            for w in self.workloads:
+                self.trials.append(
+                    {
+                        **base,
+                        "workload": w,
+                        "status": status,
+                        "error": error,
+                        "n": 0,
+                        "mean_tps": None,
+                        "ci95": None,
+                        "lab_s": lab_s,
+                        "restart_s": lab_s,
+                    }
+                )
+            return None
+        t1 = self.session.clock.now()
+        result = self.measure_fn(
+            self.session,
+            engine=self.engine,
+            workloads=tuple(self.workloads),
+            n=protocol.n,
+            warmup=protocol.warmup,
+            max_tokens=protocol.max_tokens,
+            settle_s=self.session.clock.wall_seconds(SETTLE_LAB_S),
+        )
+        t2 = self.session.clock.now()
+        rows: dict[str, dict[str, Any]] = {}
+        rates: dict[str, float] = {}
+        for w in self.workloads:
+            section = result.get(w) or {}
+            samples = [float(x) for x in (section.get("decode") or {}).get("samples") or []]
+            row = {
+                **base,
+                "workload": w,
+                "status": "measured",
+                "n": len(samples),
+                "mean_tps": section.get("mean_tps"),
+                "ci95": section.get("ci95"),
+                "samples": samples,
+                "lab_s": round(t2 - t0, 3),
+                "restart_s": round(t1 - t0, 3),
+            }
+            self.trials.append(row)
+            rows[w] = row
+            if section.get("mean_tps"):
+                rates[w] = float(section["mean_tps"])
+        self.costs.observe(setting, t1 - t0, t2 - t1, protocol, rates)
+        said = ", ".join(
+            f"{w} {rows[w]['mean_tps'] or 0:.2f} tok/s (n = {rows[w]['n']})" for w in self.workloads
+        )
+        self.log(f"trial {index} ({phase}) {setting.label}: {said}; {t2 - t0:.0f} lab s")
+        self.progress(min(95.0, 5.0 + 90.0 * self.spent() / self.budget), f"{phase}: {setting.label}")
+        return rows
+
+    def screen(self, setting: Setting, spec: Any) -> dict[str, float] | None:
+        if setting not in self.screened:
+            self.screened[setting] = self.trial(setting, "screen", spec)
+        rows = self.screened[setting]
+        if rows is None:
+            return None
+        return {w: float(r["mean_tps"]) for w, r in rows.items() if r.get("mean_tps")}
+
+    def afford(self, setting: Setting, protocol: Protocol, reserve: float) -> bool:
+        if not self.costs.known:
+            return True
+        cost = self.costs.trial_s(setting, self.workloads, protocol)
+        return self.spent() + cost + reserve <= self.budget
+
+    def confirm(self, setting: Setting, spec: Any) -> bool:
+        rows = self.trial(setting, "confirm", spec)
+        if rows is None:
+            return False
+        self.confirmed[setting] = {w: list(r["samples"]) for w, r in rows.items() if len(r["samples"]) >= 2}
+        self.confirmed_rows[setting] = rows
+        return True
+
+
+def run_specdec(
+    session: LabSession,
+    config: Mapping[str, Any],
+    *,
+    log: Log,
+    progress: Progress,
+    check_cancelled: Callable[[], None],
+    budget_lab_s: float | None = None,
+    weights: Mapping[str, float] | None = None,
+    measure: Measure | None = None,
+    screen: Protocol = SCREEN,
+    confirm: Protocol = CONFIRM,
+) -> dict[str, Any]:
+    """Search, confirm and decide the speculative setting for `config` on the session's lab.
+
+    `weights`: the customer's workload mix (shares of generated tokens); equal over the
+    configuration's workloads by default. `measure`: the measurement (measure_on_session by
+    default). Returns the stage result: `section` (findings.json `speculative`), `findings`,
+    `config_changes` (the deployed setting, only when proved faster) and `lab_time_s`.
+    """
+    budget = float(budget_lab_s if budget_lab_s is not None else DEFAULT_BUDGET_LAB_S)
+    run = _Run(
+        session,
+        config,
+        log=log,
+        progress=progress,
+        check_cancelled=check_cancelled,
+        budget_lab_s=budget,
+        measure=measure or _default_measure,
+        screen=screen,
+        confirm=confirm,
+    )
+    workloads = run.workloads
+    customer = setting_of(config)
+    customer_spec = config.get("speculative")
+    share = {w: float((weights or {}).get(w, 1.0 if weights is None else 0.0)) for w in workloads}
+
+    # The space: none, n-gram, EAGLE-3 where a draft is named, MTP where the model has heads.
+    catalog = load_catalog()
+    model_id = str(config["model"]["id"])
+    draft = (
+        customer_spec.get("draft_model")
+        if customer_spec and customer_spec.get("method") == "eagle3"
+        else None
+    )
+    catalog_drafts = catalog.drafts_for(model_id, "eagle3")
+    draft_source = "the customer's configuration" if draft else None
+    if not draft and catalog_drafts:
+        draft, draft_source = (
+            catalog_drafts[0].id,
+            f"draft catalog {catalog.version} ({catalog_drafts[0].source})",
+        )
+    mtp_heads = model_mtp_heads(session)
+    methods = ["eagle3"] if draft else []
+    methods.append("ngram")
+    if (mtp_heads or 0) > 0 or customer.method == "mtp":
+        methods.append("mtp")
+    space_note = {
+        "eagle3": f"draft {draft} from {draft_source}"
+        if draft
+        else f"not tried: neither the configuration nor the draft catalog {catalog.version} "
+        f"names a draft for {model_id}",
+        "mtp": (
+            "tried: the model's config.json declares MTP heads"
+            if (mtp_heads or 0) > 0
+            else "tried: the customer's setting"
+            if customer.method == "mtp"
+            else "not tried: the model's config.json declares no MTP heads"
+            if mtp_heads == 0
+            else "not tried: the model's config.json could not be read"
+        ),
+    }
+    k_max = MAX_SPEC_TOKENS
+    space = [NO_SPECULATION] + [Setting(m, k) for m in methods for k in range(1, k_max + 1)]
+    log(
+        f"specdec: space {', '.join(['none', *methods])} x k = 1..{k_max}; customer's setting "
+        f"{customer.label}; budget {budget:.0f} lab s"
+    )
+
+    def spec_for(setting: Setting) -> Any:
+        return speculative_block(setting, draft, customer_spec)
+
+    def confirm_reserve() -> float:
+        # Customer, none, and one best per workload: what the decision cannot do without.
+        if not run.costs.known:
+            return 0.0
+        must = {customer, NO_SPECULATION}
+        for w in workloads:
+            screened = {s: r[w] for s, r in run.costs.rates.items() if r.get(w)}
+            if screened:
+                must.add(max(screened, key=lambda s: screened[s]))
+        return sum(
+            run.costs.trial_s(s, workloads, run.confirm_protocol) for s in must if s not in run.confirmed
+        )
+
+    def afford(setting: Setting) -> bool:
+        return run.afford(setting, run.screen_protocol, confirm_reserve())
+
+    # 1. Screening: no speculation, the customer's setting, then each method's k-search.
+    progress(3.0, "screening: no speculation")
+    run.screen(NO_SPECULATION, None)
+    if customer != NO_SPECULATION:
+        run.screen(customer, customer_spec)
+    searches: list[KSearch] = []
+    for method in methods:
+        seeds = {1, 2}
+        if method == customer.method:
+            seeds.add(customer.k)
+        if method == "eagle3":
+            seeds.add(DEFAULT_K)
+
+        def screen_one(setting: Setting) -> Mapping[str, float] | None:
+            return run.screen(setting, spec_for(setting))
+
+        def leaders() -> dict[str, float]:
+            return {
+                w: max((r[w] for r in run.costs.rates.values() if r.get(w)), default=0.0) for w in workloads
+            }
+
+        found = search_k(
+            method, workloads, screen_one, k_max=k_max, seeds=seeds, afford=afford, leaders=leaders
+        )
+        searches.append(found)
+        log(f"specdec: {method} search: measured k = {found.order}, refused {found.refused}; {found.stopped}")
+
+    # 2. Finalists: each workload's best screened setting, the customer's, none; then a
+    #    runner-up within RUNNER_UP_MARGIN of a workload's best, while the budget allows.
+    screened_rates = {s: r for s, r in run.costs.rates.items()}
+    finalists: list[Setting] = [customer, NO_SPECULATION]
+    runner_ups: list[Setting] = []
+    for w in workloads:
+        ranked = sorted(
+            (s for s in screened_rates if screened_rates[s].get(w)), key=lambda s: -screened_rates[s][w]
+        )
+        if not ranked:
+            continue
+        if ranked[0] not in finalists:
+            finalists.append(ranked[0])
+        top = screened_rates[ranked[0]][w]
+        for s in ranked[1:]:
+            if screened_rates[s][w] >= top * (1.0 - RUNNER_UP_MARGIN) and s not in finalists + runner_ups:
+                runner_ups.append(s)
+                break
+    skipped: list[dict[str, Any]] = []
+    for setting in finalists + runner_ups:
+        if setting in run.screened and run.screened[setting] is None:
+            continue  # refused at screening: it will not start now either
+        essential = setting in finalists
+        if not essential and not run.afford(setting, run.confirm_protocol, 0.0):
+            skipped.append({**setting.as_dict(), "why": "lab-time budget"})
+            log(f"specdec: runner-up {setting.label} not confirmed: the budget would be exceeded")
+            continue
+        progress(min(95.0, 5.0 + 90.0 * run.spent() / budget), f"confirming {setting.label}")
+        run.confirm(setting, spec_for(setting) if setting != customer else customer_spec)
+
+    # 3. The decision.
+    decisions: dict[str, WorkloadDecision] = {}
+    for w in workloads:
+        decision = decide_workload(w, run.confirmed, customer)
+        if decision is not None:
+            decisions[w] = decision
+    deployment = choose_deployed(run.confirmed, customer, share)
+    lab_time = round(run.spent(), 3)
+    sweep = round(run.costs.sweep_s(space, workloads), 1)
+    section = _section(
+        run,
+        customer,
+        customer_spec,
+        decisions,
+        deployment,
+        searches,
+        finalists,
+        runner_ups,
+        skipped,
+        methods,
+        space_note,
+        k_max,
+        space,
+        budget,
+        lab_time,
+        sweep,
+        share,
+    )
+    deployed = deployment.setting if deployment else customer
+    findings, changes = _findings(
+        run, customer, customer_spec, decisions, deployment, spec_for(deployed), section
+    )
+    if changes:
+        section["deployed"]["launch_syntax"] = launch_syntax(session, apply_changes(config, changes))
+    section["customer_launch_syntax"] = launch_syntax(session, config)
+    log(f"specdec: deployed {deployed.label}; {lab_time:.0f} lab s spent, a sweep would take {sweep:.0f}")
+    progress(100.0, f"deployed {deployed.label}")
+    return {"section": section, "findings": findings, "config_changes": changes, "lab_time_s": lab_time}
+
+
+# -- the findings.json section and the findings ------------------------------------------------
+
+
+def _block(run: _Run, setting: Setting, workload: str) -> dict[str, Any] | None:
+    samples = run.confirmed.get(setting, {}).get(workload)
+    if not samples:
+        return None
+    return {**setting.as_dict(), **confirmed_summary(samples)}
+
+
+def _section(
+    run: _Run,
+    customer: Setting,
+    customer_spec: Any,
+    decisions: Mapping[str, WorkloadDecision],
+    deployment: Deployment | None,
+    searches: Sequence[KSearch],
+    finalists: Sequence[Setting],
+    runner_ups: Sequence[Setting],
+    skipped: list[dict[str, Any]],
+    methods: Sequence[str],
+    space_note: Mapping[str, str],
+    k_max: int,
+    space: Sequence[Setting],
+    budget: float,
+    lab_time: float,
+    sweep: float,
+    share: Mapping[str, float],
+) -> dict[str, Any]:
+    workloads = run.workloads
+    baseline: dict[str, Any] = {**customer.as_dict(), "draft_model": (customer_spec or {}).get("draft_model")}
+    none: dict[str, Any] = {"method": None, "k": 0}
+    best: dict[str, Any] = {}
+    verdicts: dict[str, str] = {}
+    for w in workloads:
+        baseline[w] = _block(run, customer, w)
+        none[w] = _block(run, NO_SPECULATION, w)
+        d = decisions.get(w)
+        if d is None:
+            continue
+        block = _block(run, d.best, w) or {}
+        best[w] = {
+            **block,
+            "kept_customer": d.best == customer,
+            "fastest_confirmed": d.fastest.as_dict(),
+            "vs_customer": d.best_vs_customer if d.best != customer else None,
+            "fastest_vs_customer": d.best_vs_customer,
+            "vs_none": d.best_vs_none,
+            "customer_vs_none": d.customer_vs_none,
+            "alternatives_compared": d.alternatives,
+        }
+        verdicts[w] = d.verdict
+    deployed: dict[str, Any] = {}
+    if deployment is not None:
+        chosen = deployment.setting
+        per_workload = {}
+        for w in workloads:
+            mine = run.confirmed.get(chosen, {}).get(w)
+            top = best.get(w, {}).get("mean_tps")
+            if not mine:
+                continue
+            mean = statistics.fmean(mine)
+            gives_up = max(0.0, float(top) - mean) if top else 0.0
+            per_workload[w] = {
+                "mean_tps": round(mean, 4),
+                "best_tps": top,
+                "gives_up_tps": round(gives_up, 4),
+                "gives_up_pct": round(100.0 * gives_up / float(top), 2) if top else 0.0,
+            }
+            if best.get(w) and (best[w]["method"], best[w]["k"]) != (chosen.method, chosen.k):
+                per_workload[w]["vs_workload_best"] = comparison(
+                    run.confirmed[Setting(best[w]["method"], best[w]["k"])][w], mine, 0.05
+                )
+        deployed = {
+            **chosen.as_dict(),
+            "changed": chosen != customer,
+            "weights": dict(share),
+            "mix_tps": deployment.mix_tps,
+            "fastest_mix": deployment.fastest_mix.as_dict(),
+            "vs_customer": deployment.vs_customer,
+            "workloads": per_workload,
+        }
+    return {
+        "schema": SECTION_SCHEMA,
+        "customer": {**customer.as_dict(), "speculative": customer_spec},
+        "space": {
+            "methods": ["none", *methods],
+            "k_max": k_max,
+            "settings": len(space),
+            "notes": dict(space_note),
+        },
+        "protocol": {
+            "screen": run.screen_protocol.describe(),
+            "confirm": run.confirm_protocol.describe(),
+            "restart": "warm: engine stopped and started again, page cache and JIT cache kept",
+            "note": "Screening and confirmation ask for fewer tokens per run than the measurement protocol's "
+            "512 (and screening keeps one warm-up run): the decode rate is per token at batch 1 and "
+            "does not depend on how many are asked for, the cost of a run does. Confirmation runs "
+            "are fresh, never the screening samples.",
+            "decision": "Welch's test on confirmation runs only, at 5 % divided by the number of "
+            "alternatives compared with the customer's setting; the mix rate is "
+            "1 / sum(share / rate) with a delta-method interval",
+        },
+        "baseline": baseline,
+        "none": none,
+        "best": best,
+        "verdicts": verdicts,
+        "chosen": (deployment.setting if deployment else customer).as_dict(),
+        "deployed": deployed,
+        "finalists": [s.as_dict() for s in finalists],
+        "runner_ups": [s.as_dict() for s in runner_ups],
+        "not_confirmed": skipped,
+        "searches": [s.describe() for s in searches],
+        "trials": run.trials,
+        "trial_count": len({t["trial"] for t in run.trials}),
+        "budget_lab_s": budget,
+        "lab_time_s": lab_time,
+        "sweep_estimate_s": sweep,
+        "sweep_basis": {
+            "settings": len(space),
+            "protocol": SWEEP.describe(),
+            "restart_s": round(run.costs.restart_s(), 2),
+            "per_run_overhead_s": round(run.costs.fixed_s(), 3),
+            "how": "every setting of the space restarted once and measured at the full protocol on every "
+            "workload; measured settings at their own rate, the others at the workload's mean "
+            "measured rate; restart and per-run overhead as measured here",
+        },
+        "lab_time_vs_sweep": round(lab_time / sweep, 4) if sweep else None,
+    }
+
+
+def _config_diff(before: Any, after: Any) -> dict[str, dict[str, Any]]:
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        keys = list(dict.fromkeys([*before, *after]))
+        return {
+            f"speculative.{k}": {"from": before.get(k), "to": after.get(k)}
+            for k in keys
+            if before.get(k) != after.get(k)
+        }
+    return {"speculative": {"from": before, "to": after}}
+
+
+def _findings(
+    run: _Run,
+    customer: Setting,
+    customer_spec: Any,
+    decisions: Mapping[str, WorkloadDecision],
+    deployment: Deployment | None,
+    deployed_spec: Any,
+    section: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    deployed = deployment.setting if deployment else customer
+    changed = deployed != customer
+    by_verdict: dict[str, list[str]] = {}
+    for w, d in decisions.items():
+        if d.verdict != "ok":
+            by_verdict.setdefault(d.verdict, []).append(w)
+    if not by_verdict:
+        return [], []
+    primary = "specdec.harmful" if "harmful" in by_verdict else "specdec.suboptimal"
+    changes = (
+        [
+            change(
+                "speculative",
+                customer_spec,
+                deployed_spec,
+                finding=primary,
+                why=f"{deployed.label} is faster than {customer.label} on the workload mix",
+            )
+        ]
+        if changed
+        else []
+    )
+    findings = []
+    for verdict in ("harmful", "suboptimal"):
+        names = by_verdict.get(verdict)
+        if not names:
+            continue
+        code = f"specdec.{verdict}"
+        impacts = []
+        lines = []
+        for w in names:
+            d = decisions[w]
+            base = run.confirmed[customer][w]
+            # What the tuned configuration gives this workload: the deployed setting when it
+            # changes; otherwise the workload's own best (served by an engine of its own).
+            target = deployed if changed else d.best
+            after = run.confirmed[target][w]
+            impacts.append(
+                {
+                    "metric": f"decode_tps_{w}",
+                    "unit": "tok/s",
+                    "better": "higher",
+                    "before": round(statistics.fmean(base), 4),
+                    "after": round(statistics.fmean(after), 4),
+                    "ci95": comparison(base, after, 0.05)["ci95"],
+                    "n": min(len(base), len(after)),
+                    "setting": target.as_dict(),
+                }
+            )
+            none_tps = section["none"].get(w, {}) or {}
+            if verdict == "harmful":
+                vn = d.customer_vs_none or {"ci95": [0.0, 0.0], "p": 1.0}
+                lines.append(
+                    f"On {w}, {customer.label} delivers {statistics.fmean(base):.1f} tok/s, slower than "
+                    f"no speculation ({none_tps.get('mean_tps', 0):.1f} tok/s; difference "
+                    f"{vn['ci95'][0]:+.1f} to {vn['ci95'][1]:+.1f} tok/s, p = {vn['p']:.2g})."
+                )
+            else:
+                vs = d.best_vs_customer or {}
+                lines.append(
+                    f"On {w}, {d.best.label} delivers {statistics.fmean(run.confirmed[d.best][w]):.1f} "
+                    f"tok/s against {statistics.fmean(base):.1f} for {customer.label} (difference "
+                    f"{vs.get('ci95', [0, 0])[0]:+.1f} to {vs.get('ci95', [0, 0])[1]:+.1f} tok/s, "
+                    f"p = {vs.get('p', 1):.2g})."
+                )
+        if changed:
+            note = (
+                f"Deploy {deployed.label} for the workload mix: "
+                + "; ".join(
+                    f"{w} gives up {v['gives_up_tps']:.1f} tok/s ({v['gives_up_pct']:.1f} %) against "
+                    f"its own best"
+                    for w, v in section["deployed"]["workloads"].items()
+                )
+                + "."
+            )
+        else:
+            note = (
+                f"One server runs one setting and no single setting beats {customer.label} on the mix; "
+                "serve a workload from an engine tuned for it where traffic allows."
+            )
+        title = (
+            f"{customer.label} is slower than no speculation on {' and '.join(names)}"
+            if verdict == "harmful"
+            else f"{customer.label} is not the fastest setting on {' and '.join(names)}"
+        )
+        findings.append(
+            {
+                "code": code,
+                "title": title,
+                "evidence": {
+                    "summary": " ".join(lines),
+                    "customer": customer.as_dict(),
+                    "workloads": {
+                        w: {
+                            "best": decisions[w].best.as_dict(),
+                            "best_vs_customer": decisions[w].best_vs_customer,
+                            "customer_vs_none": decisions[w].customer_vs_none,
+                        }
+                        for w in names
+                    },
+                    "deployed": deployed.as_dict(),
+                },
+                "change": {"config": _config_diff(customer_spec, deployed_spec), "note": note}
+                if changed
+                else {"note": note},
+                "impact": impacts,
+                "blocking": False,
+            }
+        )
+    return findings, changes

@@ -724,90 +724,75 @@ def _findings(
         else []
     )
     findings = []
+    if changed:
+        note = (
+            f"Deploy {deployed.label} for the workload mix: "
+            + "; ".join(
+                f"{w} gives up {v['gives_up_tps']:.1f} tok/s ({v['gives_up_pct']:.1f} %) against its own best"
+                for w, v in section["deployed"]["workloads"].items()
+            )
+            + "."
+        )
+    else:
+        note = (
+            f"One server runs one setting and no single setting beats {customer.label} on the mix; "
+            "serve a workload from an engine tuned for it where traffic allows."
+        )
+    # One finding per workload and verdict, each with the one impact the findings schema holds.
     for verdict in ("harmful", "suboptimal"):
-        names = by_verdict.get(verdict)
-        if not names:
-            continue
-        code = f"specdec.{verdict}"
-        impacts = []
-        lines = []
-        for w in names:
+        for w in by_verdict.get(verdict, []):
             d = decisions[w]
             base = run.confirmed[customer][w]
             # What the tuned configuration gives this workload: the deployed setting when it
             # changes; otherwise the workload's own best (served by an engine of its own).
             target = deployed if changed else d.best
             after = run.confirmed[target][w]
-            impacts.append(
-                {
-                    "metric": f"decode_tps_{w}",
-                    "unit": "tok/s",
-                    "better": "higher",
-                    "before": round(statistics.fmean(base), 4),
-                    "after": round(statistics.fmean(after), 4),
-                    "ci95": comparison(base, after, 0.05)["ci95"],
-                    "n": min(len(base), len(after)),
-                    "setting": target.as_dict(),
-                }
-            )
+            impact = {
+                "metric": f"decode_tps_{w}",
+                "unit": "tok/s",
+                "better": "higher",
+                "before": round(statistics.fmean(base), 4),
+                "after": round(statistics.fmean(after), 4),
+                "ci95": comparison(base, after, 0.05)["ci95"],
+                "n": min(len(base), len(after)),
+                "setting": target.as_dict(),
+            }
             none_tps = section["none"].get(w, {}) or {}
             if verdict == "harmful":
                 vn = d.customer_vs_none or {"ci95": [0.0, 0.0], "p": 1.0}
-                lines.append(
+                summary = (
                     f"On {w}, {customer.label} delivers {statistics.fmean(base):.1f} tok/s, slower than "
                     f"no speculation ({none_tps.get('mean_tps', 0):.1f} tok/s; difference "
                     f"{vn['ci95'][0]:+.1f} to {vn['ci95'][1]:+.1f} tok/s, p = {vn['p']:.2g})."
                 )
+                title = f"On {w}, {customer.label} is slower than no speculation"
             else:
                 vs = d.best_vs_customer or {}
-                lines.append(
+                ci = vs.get("ci95", [0.0, 0.0])
+                summary = (
                     f"On {w}, {d.best.label} delivers {statistics.fmean(run.confirmed[d.best][w]):.1f} "
                     f"tok/s against {statistics.fmean(base):.1f} for {customer.label} (difference "
-                    f"{vs.get('ci95', [0, 0])[0]:+.1f} to {vs.get('ci95', [0, 0])[1]:+.1f} tok/s, "
-                    f"p = {vs.get('p', 1):.2g})."
+                    f"{ci[0]:+.1f} to {ci[1]:+.1f} tok/s, p = {vs.get('p', 1):.2g})."
                 )
-        if changed:
-            note = (
-                f"Deploy {deployed.label} for the workload mix: "
-                + "; ".join(
-                    f"{w} gives up {v['gives_up_tps']:.1f} tok/s ({v['gives_up_pct']:.1f} %) against "
-                    f"its own best"
-                    for w, v in section["deployed"]["workloads"].items()
-                )
-                + "."
-            )
-        else:
-            note = (
-                f"One server runs one setting and no single setting beats {customer.label} on the mix; "
-                "serve a workload from an engine tuned for it where traffic allows."
-            )
-        title = (
-            f"{customer.label} is slower than no speculation on {' and '.join(names)}"
-            if verdict == "harmful"
-            else f"{customer.label} is not the fastest setting on {' and '.join(names)}"
-        )
-        findings.append(
-            {
-                "code": code,
-                "title": title,
-                "evidence": {
-                    "summary": " ".join(lines),
-                    "customer": customer.as_dict(),
-                    "workloads": {
-                        w: {
-                            "best": decisions[w].best.as_dict(),
-                            "best_vs_customer": decisions[w].best_vs_customer,
-                            "customer_vs_none": decisions[w].customer_vs_none,
-                        }
-                        for w in names
+                title = f"On {w}, {d.best.label} is faster than {customer.label}"
+            findings.append(
+                {
+                    "code": f"specdec.{verdict}",
+                    "title": title,
+                    "evidence": {
+                        "summary": summary,
+                        "workload": w,
+                        "customer": customer.as_dict(),
+                        "best": d.best.as_dict(),
+                        "best_vs_customer": d.best_vs_customer,
+                        "customer_vs_none": d.customer_vs_none,
+                        "deployed": deployed.as_dict(),
                     },
-                    "deployed": deployed.as_dict(),
-                },
-                "change": {"config": _config_diff(customer_spec, deployed_spec), "note": note}
-                if changed
-                else {"note": note},
-                "impact": impacts,
-                "blocking": False,
-            }
-        )
+                    "change": {"config": _config_diff(customer_spec, deployed_spec), "note": note}
+                    if changed
+                    else {"note": note},
+                    "impact": impact,
+                    "blocking": False,
+                }
+            )
     return findings, changes

@@ -1,0 +1,155 @@
+"""Submitting the configuration three ways: each lands in the same normalized
+configuration, errors sit beside the input they concern and name the field or token,
+the input is kept, the preview shows the launch command, and confirming creates the job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from diagnostic.bookings.models import Booking, LabDay, book_lab_day
+from diagnostic.jobs.models import DiagnosticJob
+from tests.diagnostic.conftest import REFERENCE_CONFIG, Cast
+
+pytestmark = pytest.mark.django_db
+
+COMMAND = (
+    "VLLM_USE_FLASHINFER_MOE_FP4=1 vllm serve /models/kimi-k2 --served-model-name "
+    "moonshotai/Kimi-K2-Instruct-0905 --tensor-parallel-size 8 --enable-expert-parallel "
+    "--max-model-len 262144 --kv-cache-dtype fp8 --gpu-memory-utilization 0.85"
+)
+YAML = """schema: diagnostic.config/1
+model: {id: moonshotai/Kimi-K2-Instruct-0905, path: /models/kimi-k2}
+parallel: {tp: 8, expert_parallel: true}
+serving: {kv_cache_dtype: fp8, gpu_memory_utilization: 0.85}
+env: {VLLM_USE_FLASHINFER_MOE_FP4: "1"}
+"""
+FORM = {
+    "engine__name": "vllm",
+    "model__id": "moonshotai/Kimi-K2-Instruct-0905",
+    "model__path": "/models/kimi-k2",
+    "model__quantization": "nvfp4",
+    "parallel__tp": "8",
+    "parallel__expert_parallel": "on",
+    "cluster__nodes": "8",
+    "serving__max_model_len": "262144",
+    "serving__kv_cache_dtype": "fp8",
+    "serving__gpu_memory_utilization": "0.85",
+    "env": "VLLM_USE_FLASHINFER_MOE_FP4=1",
+}
+
+
+@pytest.fixture
+def booking(cast: Cast, days_ahead: list[LabDay]) -> Booking:
+    return book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
+
+
+@pytest.fixture
+def started(monkeypatch: Any) -> list[DiagnosticJob]:
+    """Jobs handed on for running (not run here: the job page tests cover running)."""
+    jobs: list[DiagnosticJob] = []
+    monkeypatch.setattr("diagnostic.portal.config_views.start_job", jobs.append)
+    return jobs
+
+
+def url(booking: Booking) -> str:
+    return f"/portal/bookings/{booking.uuid}/config/"
+
+
+def post(cast: Cast, booking: Booking, data: dict[str, Any]) -> Any:
+    return cast.client("alice").post(url(booking), data)
+
+
+def test_the_page_offers_three_ways_with_csrf(cast: Cast, booking: Booking) -> None:
+    page = cast.client("alice").get(url(booking)).content.decode()
+    assert 'name="command"' in page and 'name="yaml_file"' in page and 'name="parallel__tp"' in page
+    assert page.count("csrfmiddlewaretoken") == 4  # three forms and the log-out button
+
+
+def test_a_command_with_an_unknown_flag_names_the_token_and_keeps_the_text(
+    cast: Cast, booking: Booking
+) -> None:
+    bad = COMMAND + " --tensor-paralel-size 4"
+    response = post(cast, booking, {"source": "command", "command": bad, "action": "preview"})
+    page = response.content.decode()
+    assert response.status_code == 400
+    assert "--tensor-paralel-size" in page.split('id="command-error"')[1]
+    assert bad in page.replace("&#x27;", "'").replace("&quot;", '"')
+
+
+def test_the_three_ways_preview_the_same_configuration(cast: Cast, booking: Booking) -> None:
+    previews = []
+    for data in (
+        {"source": "command", "command": COMMAND},
+        {"source": "form", **FORM},
+        {"source": "yaml", "yaml_text": YAML},
+    ):
+        response = post(cast, booking, {**data, "action": "preview"})
+        assert response.status_code == 200, response.content.decode()[:2000]
+        page = response.content.decode()
+        previews.append(page.split('id="launch-command">')[1].split("</pre>")[0])
+    assert previews[0] == previews[1] == previews[2]
+    assert "--tensor-parallel-size 8" in previews[0] and "vllm serve" in previews[0]
+
+
+def test_a_form_error_sits_at_its_field_and_keeps_the_other_inputs(cast: Cast, booking: Booking) -> None:
+    response = post(cast, booking, {"source": "form", **FORM, "parallel__tp": "eight", "action": "preview"})
+    page = response.content.decode()
+    assert response.status_code == 400
+    field = page.split('id="f-parallel__tp"')[1].split("</div>")[0]
+    assert "parallel.tp: &#x27;eight&#x27; is not accepted" in field
+    assert 'value="moonshotai/Kimi-K2-Instruct-0905"' in page and 'value="eight"' in page
+
+
+def test_a_yaml_upload_over_64_kib_or_not_utf8_is_refused(cast: Cast, booking: Booking) -> None:
+    big = SimpleUploadedFile("c.yaml", b"#" * (64 * 1024 + 1))
+    response = post(cast, booking, {"source": "yaml", "yaml_file": big, "action": "preview"})
+    assert response.status_code == 400 and "the limit is 65536" in response.content.decode()
+    latin = SimpleUploadedFile("c.yaml", "engine: {name: vllm}  # café".encode("latin-1"))
+    response = post(cast, booking, {"source": "yaml", "yaml_file": latin, "action": "preview"})
+    assert response.status_code == 400 and "not UTF-8" in response.content.decode()
+
+
+def test_yaml_aliases_are_refused_at_the_file(cast: Cast, booking: Booking) -> None:
+    text = "schema: diagnostic.config/1\nengine: &e {name: vllm}\nmodel: *e\n"
+    response = post(cast, booking, {"source": "yaml", "yaml_text": text, "action": "preview"})
+    assert response.status_code == 400 and "anchors and aliases" in response.content.decode()
+
+
+def test_an_uploaded_file_is_kept_as_text_beside_its_error(cast: Cast, booking: Booking) -> None:
+    upload = SimpleUploadedFile("c.yaml", b"schema: diagnostic.config/1\nparallel: {tp: 0}\n")
+    page = post(cast, booking, {"source": "yaml", "yaml_file": upload, "action": "preview"}).content.decode()
+    assert "parallel.tp:" in page.split('id="yaml-error"')[1]
+    assert "parallel: {tp: 0}" in page
+
+
+def test_confirming_creates_one_job_for_the_lab_day(
+    cast: Cast, booking: Booking, started: list[DiagnosticJob]
+) -> None:
+    data = {"source": "command", "command": COMMAND, "action": "confirm"}
+    response = post(cast, booking, data)
+    job = DiagnosticJob.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/portal/jobs/{job.pk}/"
+    assert job.booking == booking and job.organisation == cast.organisation_a
+    assert job.config.booking == booking and job.created_by == cast.alice
+    assert job.lab == booking.lab_day.lab
+    assert started == [job]
+    booking.refresh_from_db()
+    assert booking.status == Booking.Status.CONFIRMED
+    # A second confirmation (double click, second tab) goes to the same job.
+    again = post(cast, booking, data)
+    assert again["Location"] == f"/portal/jobs/{job.pk}/" and DiagnosticJob.objects.count() == 1
+
+
+def test_edit_from_the_preview_brings_the_input_back(cast: Cast, booking: Booking) -> None:
+    page = post(cast, booking, {"source": "command", "command": COMMAND, "action": "edit"}).content.decode()
+    assert "--tensor-parallel-size 8" in page and "<textarea" in page
+
+
+def test_a_cancelled_booking_takes_no_configuration(cast: Cast, booking: Booking) -> None:
+    booking.status = Booking.Status.CANCELLED
+    booking.save()
+    response = post(cast, booking, {"source": "command", "command": COMMAND, "action": "confirm"})
+    assert response.status_code == 302 and not DiagnosticJob.objects.exists()

@@ -11,7 +11,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from diagnostic.bookings.models import Booking, LabDay, book_lab_day
 from diagnostic.jobs.models import DiagnosticJob
-from tests.diagnostic.conftest import REFERENCE_CONFIG, Cast
+from tests.diagnostic.conftest import Cast
 
 pytestmark = pytest.mark.django_db
 

@@ -437,6 +437,13 @@ class EngineProcess:
 
         # 2. weights load
         t = self._load_weights(t, config, nodes_used)
+        for fault in scenario.faults("silent_hang_s"):
+            # A post-load step that logs nothing and keeps one core busy (none of section
+            # 5's signatures): what an unexplained stall looks like.
+            hang_end = t + float(fault["silent_hang_s"])
+            self._phase("hang", t, hang_end)
+            self.at(hang_end)
+            t = hang_end
 
         # 3. distributed init, everyone waits for the slowest
         t = self._distributed_init(t, parsed, nnodes)

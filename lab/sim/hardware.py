@@ -255,6 +255,10 @@ class NodeHardware:
                 cpu_user, disk = u(8.0, 18.0), u(20.0, 80.0)
         elif kind == "wait":
             cpu_user, gpu = u(0.5, 1.5), u(0.0, 2.0)
+        elif kind == "hang":
+            # silent_hang_s: one thread spins on one core; nothing else moves.
+            cpu_user = 100.0 / self.scenario.node["cpu_cores"] * u(0.95, 1.0) + 0.3
+            cpu_sys = u(0.8, 1.4)
         elif kind == "kv_alloc":
             burst = int(s) % 3 == 0
             gpu = u(80.0, 97.0) if burst else u(0.0, 15.0)

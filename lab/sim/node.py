@@ -271,9 +271,19 @@ class SimNode:
             k += 1
         return times
 
+    def _sampler_end(self, sampler: _Sampler) -> float | None:
+        """When the sampler stopped writing: stopped, or died (the `sampler_dies_after_s`
+        fault: the process exits that long after each start), or None while it runs."""
+        ends = [] if sampler.stop is None else [sampler.stop]
+        for fault in self.scenario.faults("sampler_dies_after_s"):
+            if fault.get("node") in (None, self.name):
+                ends.append(sampler.start + float(fault["sampler_dies_after_s"]))
+        return min(ends) if ends else None
+
     def _materialize(self, sampler: _Sampler, now: float) -> None:
         """Append the samples up to now to the sampler's file, as the real sampler would have."""
-        until = now if sampler.stop is None else min(now, sampler.stop)
+        end = self._sampler_end(sampler)
+        until = now if end is None else min(now, end)
         times = self._sample_times(sampler, sampler.written_until, until)
         if not times:
             return
@@ -377,8 +387,10 @@ class SimNode:
         now = self.clock.now()
         with self.lock:
             old = self._samplers.get(out)
-            if old is not None and old.stop is None:
-                # One sampler per file; a second start keeps the first, as on a real node.
+            old_end = None if old is None else self._sampler_end(old)
+            if old is not None and (old_end is None or old_end > now):
+                # One sampler per file; a second start keeps the first, as on a real node
+                # (a sampler that died is gone: a start starts a new one).
                 return {"pid": old.pid, "out": out}
             # The interval is in node-clock (lab) seconds; the simulated sampler resolves
             # whole lab seconds only.
@@ -409,10 +421,11 @@ class SimNode:
             if sampler is None:  # like reading a file no sampler wrote: nothing, not running
                 return {"samples": [], "running": False}
             self._materialize(sampler, now)
-            until = now if sampler.stop is None else min(now, sampler.stop)
+            end = self._sampler_end(sampler)
+            until = now if end is None else min(now, end)
             # `since` is a reading of this node's clock, like the samples' stamps.
             times = self._sample_times(sampler, since - self.clock_offset_s, until)
-            running = sampler.stop is None
+            running = end is None or end > now
         return {"samples": [self.hardware.sample(t) for t in times], "running": running}
 
     def telemetry_between(self, start: float, end: float, interval: float = 1.0) -> list[dict[str, Any]]:

@@ -115,9 +115,10 @@ WORKLOADS = ("code", "prose")
 # An addition to LAB_MODEL.md section 8 (documented in lab/scenarios/README.md).
 SERVING_DEFAULTS: dict[str, Any] = {"abort_on_disconnect": True, "log_interval_s": 10.0}
 
-FAULT_KINDS = ("node_down", "engine_crash_after_s", "nic_degraded_gbps", "kv_budget", "clock_offset_s")
+FAULT_KINDS = ("node_down", "engine_crash_after_s", "nic_degraded_gbps", "kv_budget", "clock_offset_s",
+               "sampler_dies_after_s", "silent_hang_s")
 # Faults that apply to every node unless they name one.
-PER_NODE_FAULTS = ("nic_degraded_gbps", "clock_offset_s")
+PER_NODE_FAULTS = ("nic_degraded_gbps", "clock_offset_s", "sampler_dies_after_s")
 
 TOP_FIELDS = ("schema", "name", "seed", "dilation", "cluster", "model", "engine", "truth", "serving")
 CLUSTER_FIELDS = ("nodes", "node", "network")
@@ -411,6 +412,11 @@ def _faults(value: Any, path: str, node_names: list[str]) -> list[dict[str, Any]
             if gbps <= 0:
                 raise _fail(kpath, raw, "a link speed in Gbps > 0")
             fault = {kind: gbps}
+        elif kind in ("sampler_dies_after_s", "silent_hang_s"):
+            seconds = _number(raw, kpath)
+            if seconds <= 0:
+                raise _fail(kpath, raw, "lab seconds > 0")
+            fault = {kind: seconds}
         elif kind == "clock_offset_s":
             # How far the node's clock is ahead of lab time (behind when negative).
             if not _is_number(raw):

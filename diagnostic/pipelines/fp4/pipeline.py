@@ -1,0 +1,730 @@
+"""The FP4 stage: is the customer's kernel path correct, and which backend is the fastest
+correct one (METHODOLOGY.md "FP4 correctness").
+
+On the configuration with the earlier stages' fixes applied: read the backend the engine
+chose from its log and look it up in the dispatch table; run the four checks (table,
+canaries, prompt likelihood, kernel probe) on it. A sound default ends there: no finding,
+no change. Otherwise learn the backends the engine accepts from its own refusal of an
+unknown one, restart with each, run the same checks and a short decode measurement (n = 5
+per workload), and choose the fastest backend that passes every check. The report gets
+the verdicts before and after, the speed cost of correctness against the broken default
+with intervals, and canary examples side by side.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from scipy import stats as scipy_stats
+
+from diagnostic.pipelines.changes import apply_changes, change
+from diagnostic.pipelines.client import EndpointError
+from diagnostic.pipelines.fp4 import backends as bk
+from diagnostic.pipelines.fp4 import canaries as cn
+from diagnostic.pipelines.fp4 import dispatch, likelihood
+from diagnostic.pipelines.fp4 import probe as pr
+from diagnostic.pipelines.fp4.api import ModelEndpoint
+from diagnostic.pipelines.fp4.passrate import GARBAGE, HEALTHY, PassRate, difference_interval
+from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
+from diagnostic.pipelines.stats import welch
+from lab.session import LabError, LabSession, LaunchFailed
+
+FINDING = "fp4.kernel_dispatch"
+SECTION_SCHEMA = "diagnostic.fp4/1"
+MEASURE_N = 5
+MEASURE_WARMUP = 1
+MEASURE_MAX_TOKENS = 128
+LAUNCH_TIMEOUT_S = 3600.0
+SETTLE_LAB_S = 2.0
+
+
+def _noop_log(_: str) -> None:
+    return None
+
+
+def _noop_progress(_: float, __: str) -> None:
+    return None
+
+
+def _noop_cancel() -> None:
+    return None
+
+
+class _Stage:
+    """One FP4 stage run: the session, the evidence gathered and the lab time spent."""
+
+    def __init__(
+        self,
+        session: LabSession,
+        config: Mapping[str, Any],
+        *,
+        log: Callable[[str], None],
+        progress: Callable[[float, str], None],
+        check_cancelled: Callable[[], None],
+        budget_lab_s: float | None,
+        canary_cap: int | None,
+        measure_n: int,
+        measure_max_tokens: int,
+        probe_seed: int,
+    ) -> None:
+        self.session = session
+        self.config = dict(config)
+        self.engine = str(config["engine"]["name"])
+        self.version = str(config["engine"]["version"])
+        self.log = log
+        self.progress = progress
+        self.check_cancelled = check_cancelled
+        self.budget_lab_s = budget_lab_s
+        self.canary_set = cn.load_canaries()
+        self.canary_cap = canary_cap
+        self.measure_n = measure_n
+        self.measure_max_tokens = measure_max_tokens
+        self.probe_seed = probe_seed
+        self.started = session.clock.now()
+        self.notes: list[str] = []
+        self.head = session.inventory.head.name
+        self._vocab: int | bool | None = False
+
+    # -- lab time -------------------------------------------------------------------------
+    def spent(self) -> float:
+        return self.session.clock.now() - self.started
+
+    def over_budget(self) -> bool:
+        return self.budget_lab_s is not None and self.spent() >= self.budget_lab_s
+
+    # -- facts ----------------------------------------------------------------------------
+    def compute_capability(self) -> str | None:
+        facts = self.session.facts([self.head]).get(self.head) or {}
+        gpus = facts.get("gpus") or []
+        cc = gpus[0].get("compute_capability") if gpus else None
+        return str(cc) if cc else None
+
+    def vocab_size(self) -> int | None:
+        if self._vocab is False:
+            try:
+                from tokenizers import Tokenizer
+
+                self._vocab = int(Tokenizer.from_file(str(self.session.tokenizer_path())).get_vocab_size())
+            except Exception as exc:  # a tokenizer we cannot read only loses the uniform bound
+                self.notes.append(f"no vocabulary size for the uniform-perplexity bound: {exc}")
+                self._vocab = None
+        return self._vocab if isinstance(self._vocab, int) else None
+
+    # -- launching ------------------------------------------------------------------------
+    def log_offset(self) -> int:
+        return self.session.logs(self.head, tail_bytes=0).next_offset
+
+    def launch(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Start `config` warm; the FP4 backends its log names and the lab seconds it took."""
+        since = self.log_offset()
+        t0 = self.session.clock.now()
+        result = self.session.launch(config, cold=False, timeout_s=LAUNCH_TIMEOUT_S)
+        lines = self.session.logs(self.head, since=since).text.splitlines()
+        return {
+            "events": bk.backend_events(self.engine, lines),
+            "launch_s": round(result.cold_start_s, 3),
+            "lab_s": round(self.session.clock.now() - t0, 3),
+        }
+
+    def serving_backends(self) -> dict[str, Any]:
+        """The backends of the engine serving `self.config`, starting it if it is not."""
+        if not self.session.serves(self.config):
+            self.log("fp4: the configuration is not serving; starting it (warm)")
+            return self.launch(self.config)
+        text = self.session.logs(self.head, since=0).text
+        return {
+            "events": bk.backend_events(self.engine, bk.current_run(text.splitlines())),
+            "launch_s": None,
+            "lab_s": 0.0,
+        }
+
+    # -- the checks -----------------------------------------------------------------------
+    def checks(self, backend: str, label: str) -> dict[str, Any]:
+        """Canaries, likelihood and probe against what is serving now."""
+        t0 = self.session.clock.now()
+        with ModelEndpoint(self.session.endpoint) as endpoint:
+
+            def ask(canary: cn.Canary) -> str:
+                try:
+                    return endpoint.chat(canary.prompt, max_tokens=canary.max_tokens)
+                except EndpointError as exc:
+                    # An error answer is a wrong answer; the reason stays with the check.
+                    return f"[request failed: {exc}]"
+
+            suite = cn.run_suite(
+                ask,
+                self.canary_set,
+                cap=self.canary_cap,
+                check_cancelled=self.check_cancelled,
+                log=lambda m: self.log(f"fp4 {label}: {m}"),
+            )
+            canary_s = self.session.clock.now() - t0
+            t1 = self.session.clock.now()
+            lik = likelihood.measure(endpoint)
+            lik_s = self.session.clock.now() - t1
+        t2 = self.session.clock.now()
+        probe = pr.probe_backend(self.session.agent, self.head, backend, seed=self.probe_seed)
+        probe_s = self.session.clock.now() - t2
+        rate = suite.rate
+        self.log(
+            f"fp4 {label} ({backend}): {rate.passed}/{rate.n} canaries passed; perplexity "
+            f"{lik.get('perplexity', 'n/a')}; probe "
+            f"{'passed' if probe.get('passed') else 'not run' if not probe.get('available') else 'failed'}"
+        )
+        return {
+            "suite": suite,
+            "likelihood": lik,
+            "probe": probe,
+            "lab_s": {
+                "canaries": round(canary_s, 3),
+                "likelihood": round(lik_s, 3),
+                "probe": round(probe_s, 3),
+            },
+        }
+
+    def rate(self) -> dict[str, Any] | None:
+        """Short decode measurement of what is serving: n runs per workload."""
+        t0 = self.session.clock.now()
+        try:
+            # The settle wait is in wall seconds: a few lab seconds, on any lab's dilation.
+            m = measure_on_session(
+                self.session,
+                engine=self.engine,
+                workloads=list(self.config["workloads"]),
+                n=self.measure_n,
+                warmup=MEASURE_WARMUP,
+                max_tokens=self.measure_max_tokens,
+                settle_s=self.session.clock.wall_seconds(SETTLE_LAB_S),
+            )
+        except (MeasurementError, EndpointError) as exc:
+            self.notes.append(f"decode rate not measured: {exc}")
+            return None
+        out: dict[str, Any] = {}
+        for workload in self.config["workloads"]:
+            w = m.get(workload) or {}
+            runs = [r["decode_tps"] for r in w.get("runs") or [] if r.get("decode_tps") is not None]
+            out[workload] = {
+                "n": w.get("n"),
+                "mean_tps": w.get("mean_tps"),
+                "ci95": w.get("ci95"),
+                "runs": [round(float(x), 4) for x in runs],
+            }
+        out["lab_s"] = round(self.session.clock.now() - t0, 3)
+        return out
+
+
+# -- verdicts -----------------------------------------------------------------------------
+
+
+def verdict_of(rate: PassRate, lik: Mapping[str, Any], probe: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """garbage | degraded | correct from the checks, and which checks failed.
+
+    Canaries set the floor: below 50 % is garbage whatever else says. Correct needs healthy
+    canaries and every check that could run passing; a healthy pass rate with a failing
+    probe or likelihood is degraded (the kernel computes something else, even if the
+    canaries did not show it yet).
+    """
+    failed = []
+    if rate.rate < HEALTHY:
+        failed.append("canaries")
+    if lik.get("available") and lik.get("passed") is False:
+        failed.append("likelihood")
+    if probe.get("available") and not probe.get("passed"):
+        failed.append("probe")
+    if rate.rate < GARBAGE:
+        return "garbage", failed
+    return ("correct" if not failed else "degraded"), failed
+
+
+def _mean_rate(rate: Mapping[str, Any] | None) -> float | None:
+    if not rate:
+        return None
+    means = [
+        float(w["mean_tps"]) for w in rate.values() if isinstance(w, dict) and w.get("mean_tps") is not None
+    ]
+    return statistics.fmean(means) if means else None
+
+
+def _welch_interval(a: list[float], b: list[float], dof: float) -> tuple[float, float]:
+    """95 % interval of mean(a) - mean(b) with Welch's standard error and degrees of freedom."""
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    half = float(scipy_stats.t.ppf(0.975, dof)) * se if se > 0 else 0.0
+    return (diff - half, diff + half)
+
+
+def _speed_cost(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """after - before per workload, tok/s and %, with Welch's 95 % interval."""
+    if not before or not after:
+        return None
+    out: dict[str, Any] = {}
+    for workload, b in before.items():
+        a = after.get(workload)
+        if not isinstance(b, dict) or not isinstance(a, dict):
+            continue
+        if len(b.get("runs") or []) < 2 or len(a.get("runs") or []) < 2:
+            continue
+        w = welch(a["runs"], b["runs"])
+        mean_b = float(b["mean_tps"])
+        ci = _welch_interval(a["runs"], b["runs"], float(w["dof"]))
+        out[workload] = {
+            "before_tps": round(mean_b, 3),
+            "after_tps": round(float(a["mean_tps"]), 3),
+            "diff_tps": round(float(a["mean_tps"]) - mean_b, 3),
+            "diff_ci95": [round(float(x), 3) for x in ci] if ci else None,
+            "diff_pct": round(100.0 * (float(a["mean_tps"]) - mean_b) / mean_b, 2) if mean_b else None,
+            "diff_pct_ci95": [round(100.0 * float(x) / mean_b, 2) for x in ci] if ci and mean_b else None,
+            "p": round(float(w["p"]), 4),
+            "significant": bool(w["different"]),
+        }
+    return out or None
+
+
+# -- the stage ----------------------------------------------------------------------------
+
+
+def _candidate_record(
+    stage: _Stage,
+    backend: str,
+    *,
+    launch: Mapping[str, Any] | None,
+    checks: Mapping[str, Any] | None,
+    rate: Mapping[str, Any] | None,
+    cc: str | None,
+    expressed: list[dict[str, Any]] | None,
+    status: str,
+    reason: str = "",
+) -> dict[str, Any]:
+    layer = None
+    if launch and launch.get("events"):
+        layer = launch["events"][0]["layer"]
+    row = dispatch.find_row(
+        engine=stage.engine, version=stage.version, compute_capability=cc, backend=backend, layer=layer
+    )
+    rec: dict[str, Any] = {
+        "backend": backend,
+        "status": status,
+        "dispatch": dispatch.dispatch_label(row),
+        "table_row": dispatch.row_summary(row),
+        "expressed_as": expressed,
+    }
+    if reason:
+        rec["reason"] = reason
+    if launch is not None:
+        rec["launch"] = {
+            "engine_chose": [e["backend"] for e in launch.get("events") or []],
+            "start_s": launch.get("launch_s"),
+            "lab_s": launch.get("lab_s"),
+        }
+    if checks is not None:
+        suite: cn.SuiteResult = checks["suite"]
+        rec["checks"] = {
+            "canaries": suite.as_dict(),
+            "likelihood": checks["likelihood"],
+            "probe": checks["probe"],
+            "lab_s": checks["lab_s"],
+        }
+        rec["_suite"] = suite
+    rec["rate"] = rate
+    return rec
+
+
+def run_fp4(
+    session: LabSession,
+    config: Mapping[str, Any],
+    *,
+    log: Callable[[str], None] = _noop_log,
+    progress: Callable[[float, str], None] = _noop_progress,
+    check_cancelled: Callable[[], None] = _noop_cancel,
+    budget_lab_s: float | None = None,
+    canary_cap: int | None = None,
+    measure_n: int = MEASURE_N,
+    measure_max_tokens: int = MEASURE_MAX_TOKENS,
+    probe_seed: int = pr.DEFAULT_SEED,
+) -> dict[str, Any]:
+    """Run the FP4 stage on `config` (normalized, earlier stages' changes applied)."""
+    stage = _Stage(
+        session,
+        config,
+        log=log,
+        progress=progress,
+        check_cancelled=check_cancelled,
+        budget_lab_s=budget_lab_s,
+        canary_cap=canary_cap,
+        measure_n=measure_n,
+        measure_max_tokens=measure_max_tokens,
+        probe_seed=probe_seed,
+    )
+    progress(0.02, "reading the FP4 backend the engine chose")
+    cc = stage.compute_capability()
+    first = stage.serving_backends()
+    events = first["events"]
+    if not events:
+        stage.notes.append(
+            "the engine log names no FP4 backend; the customer's kernel path is checked "
+            "without a dispatch-table lookup"
+        )
+    backend_before = events[0]["backend"] if events else "unknown"
+    layers = [e["layer"] for e in events] or ["moe"]
+    table_row = dispatch.find_row(
+        engine=stage.engine,
+        version=stage.version,
+        compute_capability=cc,
+        backend=backend_before,
+        layer=layers[0],
+    )
+    if table_row is not None:
+        log(
+            f"fp4: the dispatch table has {table_row['id']} for {backend_before} on {stage.engine} "
+            f"{stage.version}, compute capability {cc}: {table_row['status']}"
+        )
+
+    progress(0.08, f"checking the {backend_before} backend")
+    checks = stage.checks(backend_before, "before")
+    likelihood.judge([checks["likelihood"]], vocab_size=stage.vocab_size())
+    rate_before = stage.rate()
+    before = _candidate_record(
+        stage,
+        backend_before,
+        launch=first,
+        checks=checks,
+        rate=rate_before,
+        cc=cc,
+        expressed=None,
+        status="customer",
+    )
+    verdict_before, _ = verdict_of(checks["suite"].rate, checks["likelihood"], checks["probe"])
+    candidates = [before]
+
+    chosen: dict[str, Any] | None = None
+    source: dict[str, Any] = {}
+    if verdict_before != "correct":
+        progress(0.25, "learning the backends the engine accepts")
+        supported, source = _discover(stage, layers)
+        others = [b for b in supported if b != backend_before]
+        for i, backend in enumerate(others):
+            check_cancelled()
+            progress(0.3 + 0.6 * i / max(1, len(others)), f"restarting with the {backend} backend")
+            candidates.append(_try_candidate(stage, backend, layers, cc))
+        # Likelihood is judged against the best perplexity measured on this lab.
+        likelihood.judge(
+            [c["checks"]["likelihood"] for c in candidates if c.get("checks")], vocab_size=stage.vocab_size()
+        )
+    for c in candidates:
+        if c.get("checks"):
+            suite = c["_suite"]
+            c["verdict"], c["failed_checks"] = verdict_of(
+                suite.rate, c["checks"]["likelihood"], c["checks"]["probe"]
+            )
+    verdict_before = before["verdict"]
+    if verdict_before != "correct":
+        correct = [c for c in candidates[1:] if c.get("verdict") == "correct"]
+        rated = [c for c in correct if _mean_rate(c.get("rate")) is not None]
+        if rated:
+            chosen = max(rated, key=lambda c: float(_mean_rate(c.get("rate")) or 0.0))
+        elif correct:
+            chosen = correct[0]
+    progress(0.95, "writing the FP4 section")
+    return _result(stage, config, before, candidates, chosen, table_row, source, layers, cc)
+
+
+def _discover(stage: _Stage, layers: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The backends the engine says it accepts, from its refusal of an unknown one."""
+    probe_config = bk.discovery_config(stage.config)
+    t0 = stage.session.clock.now()
+    try:
+        stage.session.launch(probe_config, cold=False, timeout_s=LAUNCH_TIMEOUT_S)
+    except LaunchFailed as exc:
+        text = "\n".join(x for x in (getattr(exc, "engine_error", None) or "", exc.log_tail) if x)
+        names = bk.supported_from_error(text)
+        lab_s = round(stage.session.clock.now() - t0, 3)
+        if names:
+            stage.log(f"fp4: the engine refused an unknown backend and lists: {', '.join(names)}")
+            return names, {
+                "how": "engine refusal of an unknown backend",
+                "env": {bk.DISCOVERY_ENV: bk.UNKNOWN_BACKEND},
+                "supported": names,
+                "lab_s": lab_s,
+            }
+        stage.notes.append(
+            f"the engine refused the unknown backend without listing the supported ones "
+            f"({exc.reason}); its flags' declared choices stand in"
+        )
+    except LabError as exc:
+        stage.notes.append(f"candidate discovery failed ({exc}); the engine flags' declared choices stand in")
+    else:
+        stage.notes.append(
+            f"the engine started with the unknown backend in {bk.DISCOVERY_ENV} (it does not "
+            "read that variable); its flags' declared choices stand in"
+        )
+    names = bk.declared_backends(stage.engine, layers)
+    return names, {
+        "how": "the engine's declared flag choices",
+        "supported": names,
+        "lab_s": round(stage.session.clock.now() - t0, 3),
+    }
+
+
+def _try_candidate(stage: _Stage, backend: str, layers: list[str], cc: str | None) -> dict[str, Any]:
+    if not all(bk.expressible(stage.engine, layer, backend) for layer in layers):
+        return _candidate_record(
+            stage,
+            backend,
+            launch=None,
+            checks=None,
+            rate=None,
+            cc=cc,
+            expressed=None,
+            status="skipped",
+            reason=f"the configuration has no field that selects it for {'/'.join(layers)} on {stage.engine}",
+        )
+    if stage.over_budget():
+        return _candidate_record(
+            stage,
+            backend,
+            launch=None,
+            checks=None,
+            rate=None,
+            cc=cc,
+            expressed=None,
+            status="skipped",
+            reason=f"the stage's lab-time budget ({stage.budget_lab_s:g} s) was spent",
+        )
+    expressed = bk.backend_changes(stage.config, backend, layers)
+    variant = apply_changes(stage.config, expressed)
+    try:
+        launch = stage.launch(variant)
+    except LaunchFailed as exc:
+        return _candidate_record(
+            stage,
+            backend,
+            launch=None,
+            checks=None,
+            rate=None,
+            cc=cc,
+            expressed=expressed,
+            status="refused",
+            reason=exc.reason,
+        )
+    chose = [e["backend"] for e in launch["events"]]
+    if chose and backend not in chose:
+        return _candidate_record(
+            stage,
+            backend,
+            launch=launch,
+            checks=None,
+            rate=None,
+            cc=cc,
+            expressed=expressed,
+            status="not_used",
+            reason=f"the engine ran {', '.join(chose)} instead",
+        )
+    checks = stage.checks(backend, backend)
+    rate = stage.rate()
+    return _candidate_record(
+        stage, backend, launch=launch, checks=checks, rate=rate, cc=cc, expressed=expressed, status="measured"
+    )
+
+
+def _public(c: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in c.items() if not k.startswith("_")}
+
+
+def _report_row(c: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat per-backend row the report's table reads."""
+    checks = c.get("checks") or {}
+    lik = checks.get("likelihood") or {}
+    probe = checks.get("probe") or {}
+    canaries = checks.get("canaries") or {}
+    rate = c.get("rate") or {}
+    return {
+        "backend": c["backend"],
+        "dispatch": c["dispatch"],
+        "status": c["status"],
+        "canary_pass_rate": canaries.get("rate"),
+        "canaries": canaries.get("n"),
+        "perplexity": lik.get("perplexity"),
+        "probe_max_rel_error": probe.get("max_rel_error"),
+        "decode_tps_code": (rate.get("code") or {}).get("mean_tps"),
+        "decode_tps_prose": (rate.get("prose") or {}).get("mean_tps"),
+        "verdict": c.get("verdict", c["status"]),
+    }
+
+
+def _result(
+    stage: _Stage,
+    config: Mapping[str, Any],
+    before: dict[str, Any],
+    candidates: list[dict[str, Any]],
+    chosen: dict[str, Any] | None,
+    table_row: dict[str, Any] | None,
+    source: Mapping[str, Any],
+    layers: list[str],
+    cc: str | None,
+) -> dict[str, Any]:
+    verdict = str(before["verdict"])
+    suite_before: cn.SuiteResult = before["_suite"]
+    lab_time = round(stage.spent(), 3)
+    section: dict[str, Any] = {
+        "schema": SECTION_SCHEMA,
+        "verdict": verdict,
+        "verdict_after": chosen["verdict"] if chosen else (verdict if verdict == "correct" else None),
+        "backend_before": before["backend"],
+        "backend_after": chosen["backend"]
+        if chosen
+        else (before["backend"] if verdict == "correct" else None),
+        "layers": layers,
+        "compute_capability": cc,
+        "engine": {"name": stage.engine, "version": stage.version},
+        "canary_set": {
+            "name": stage.canary_set.name,
+            "sha256": stage.canary_set.sha256,
+            "size": len(stage.canary_set),
+            "base": stage.canary_set.base,
+            "extend_by": stage.canary_set.extend_by,
+        },
+        "canaries": suite_before.rate.n,
+        "canary_pass_rate": {
+            "before": round(suite_before.rate.rate, 4),
+            "after": round(chosen["_suite"].rate.rate, 4)
+            if chosen
+            else (round(suite_before.rate.rate, 4) if verdict == "correct" else None),
+        },
+        "canary_ci95": {
+            "before": [round(x, 4) for x in suite_before.rate.ci95],
+            "after": [round(x, 4) for x in chosen["_suite"].rate.ci95] if chosen else None,
+        },
+        "canaries_after": chosen["_suite"].rate.n if chosen else None,
+        "perplexity": {
+            "before": before["checks"]["likelihood"].get("perplexity"),
+            "after": chosen["checks"]["likelihood"].get("perplexity") if chosen else None,
+            "reference_passage_tokens": before["checks"]["likelihood"].get("tokens"),
+        },
+        "probe": {c["backend"]: c["checks"]["probe"] for c in candidates if c.get("checks")},
+        "candidates": [_public(c) for c in candidates],
+        "candidates_source": dict(source) or None,
+        "backends": [_report_row(c) for c in candidates if c.get("checks")],
+        "table_row": dispatch.row_summary(table_row),
+        "dispatch_table": {"version": dispatch.load_table().version, "sha256": dispatch.load_table().sha256},
+        "examples": {
+            "before": suite_before.examples(),
+            "after": chosen["_suite"].examples() if chosen else [],
+        },
+        "speed_cost": _speed_cost(before.get("rate"), chosen.get("rate")) if chosen else None,
+        "protocol": {
+            "measure_n": stage.measure_n,
+            "measure_warmup": MEASURE_WARMUP,
+            "measure_max_tokens": stage.measure_max_tokens,
+            "healthy_at": HEALTHY,
+            "garbage_below": GARBAGE,
+            "canary_cap": stage.canary_cap or len(stage.canary_set),
+            "perplexity_max_ratio": likelihood.MAX_RATIO,
+            "probe_seed": stage.probe_seed,
+        },
+        "notes": stage.notes
+        + (
+            ["the default backend passed every check; no other backend was tried"]
+            if verdict == "correct"
+            else []
+        ),
+        "lab_time_s": lab_time,
+    }
+    findings: list[dict[str, Any]] = []
+    config_changes: list[dict[str, Any]] = []
+    if verdict != "correct":
+        findings.append(_finding(stage, section, before, chosen))
+        if chosen:
+            config_changes = [
+                change(
+                    c["path"],
+                    c["from"],
+                    c["to"],
+                    finding=FINDING,
+                    why=f"{chosen['backend']} is the fastest FP4 backend that passes every check",
+                )
+                for c in chosen["expressed_as"]
+            ]
+    section["config_changes"] = config_changes
+    return {
+        "section": section,
+        "findings": findings,
+        "config_changes": config_changes,
+        "lab_time_s": lab_time,
+        "tuned_config": apply_changes(config, config_changes) if config_changes else None,
+    }
+
+
+def _finding(
+    stage: _Stage, section: Mapping[str, Any], before: Mapping[str, Any], chosen: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    rate_b: PassRate = before["_suite"].rate
+    verdict = section["verdict"]
+    backend = section["backend_before"]
+    what = "fluent nonsense" if verdict == "garbage" else "wrong answers part of the time"
+    evidence: dict[str, Any] = {
+        "summary": (
+            f"{stage.engine} {stage.version} dispatched NVFP4 to {backend} on compute capability "
+            f"{section['compute_capability']}; it produces {what}: {rate_b.passed}/{rate_b.n} canaries "
+            f"passed, with no error in the log."
+        ),
+        "backend": backend,
+        "verdict": verdict,
+        "canaries_passed": f"{rate_b.passed}/{rate_b.n}",
+        "canary_set_sha256": section["canary_set"]["sha256"],
+        "perplexity_before": section["perplexity"]["before"],
+        "perplexity_after": section["perplexity"]["after"],
+        "probe_max_rel_error": (section["probe"].get(backend) or {}).get("max_rel_error"),
+        "failed_checks": before.get("failed_checks"),
+    }
+    if section["table_row"]:
+        evidence["known_bad_source"] = ", ".join(section["table_row"]["sources"])
+        evidence["table_row"] = section["table_row"]["id"]
+    if chosen is None:
+        evidence["summary"] += " No backend the engine accepts passed every check."
+        return {
+            "code": FINDING,
+            "title": f"The FP4 kernel path ({backend}) gives {what}; no correct backend found",
+            "evidence": evidence,
+            "change": None,
+            "impact": None,
+            "blocking": False,
+        }
+    rate_a: PassRate = chosen["_suite"].rate
+    config_map = {c["path"]: {"from": c["from"], "to": c["to"]} for c in chosen["expressed_as"]}
+    env = {
+        c["path"].split(".", 1)[1]: c["to"] for c in chosen["expressed_as"] if c["path"].startswith("env.")
+    }
+    change_block: dict[str, Any] = {
+        "config": config_map,
+        "flags": bk.flags_for(stage.engine, chosen["expressed_as"]),
+        "note": f"{chosen['backend']} is the fastest backend that passed every check "
+        f"({rate_a.passed}/{rate_a.n} canaries).",
+    }
+    if env:
+        change_block["env"] = env
+    cost = section.get("speed_cost") or {}
+    if cost:
+        parts = [f"{w}: {c['diff_tps']:+.2f} tok/s ({c['diff_pct']:+.1f} %)" for w, c in cost.items()]
+        change_block["note"] += (
+            " Speed cost of correctness against the broken default: " + "; ".join(parts) + "."
+        )
+    low, high = difference_interval(rate_b, rate_a)
+    return {
+        "code": FINDING,
+        "title": f"The default FP4 kernel ({backend}) gives {what}; {chosen['backend']} is correct",
+        "evidence": evidence,
+        "change": change_block,
+        "impact": {
+            "metric": "canary_pass_rate",
+            "before": round(rate_b.rate, 4),
+            "after": round(rate_a.rate, 4),
+            "ci95": [round(low, 4), round(high, 4)],
+            "n": rate_a.n,
+            "unit": "share of canaries",
+            "better": "higher",
+        },
+        "blocking": False,
+    }

@@ -1,0 +1,87 @@
+"""The FP4 stage end to end on simulated labs over SSH: a sound default, a degraded
+backend, and the reference story (a broken default, the fastest correct one chosen)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from diagnostic.pipelines.changes import apply_changes
+from diagnostic.pipelines.fp4 import FINDING, run_fp4
+from diagnostic.pipelines.fp4.backends import current_run
+
+from .labs import config, lab_session, scenario
+
+
+def _run(tmp_path: Path, scn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    with lab_session(scn, tmp_path / "lab") as (_, session):
+        session.launch(cfg, cold=False)
+        result = run_fp4(session, cfg)
+        if result["config_changes"]:
+            # The tuned configuration runs the chosen backend, by the engine's own log.
+            session.launch(apply_changes(cfg, result["config_changes"]), cold=False)
+            result["tuned_log"] = session.logs(since=0).text
+        return result
+
+
+def test_a_sound_default_is_left_alone(tmp_path: Path) -> None:
+    scn = scenario(default="cutlass", broken=["flashinfer_cutlass"])
+    result = _run(tmp_path, scn, config())
+    fp4 = result["section"]
+    assert fp4["verdict"] == "correct" and fp4["verdict_after"] == "correct"
+    assert fp4["backend_before"] == fp4["backend_after"] == "cutlass"
+    assert result["findings"] == [] and result["config_changes"] == []
+    assert len(fp4["candidates"]) == 1  # nothing else was tried
+    assert fp4["canary_pass_rate"]["before"] == 1.0 and fp4["canaries"] >= 80
+    assert fp4["probe"]["cutlass"]["passed"] and fp4["table_row"] is None
+    assert fp4["perplexity"]["before"] < 20
+    assert fp4["lab_time_s"] > 0
+
+
+def test_a_degraded_backend_is_degraded_and_replaced(tmp_path: Path) -> None:
+    scn = scenario(default="flashinfer_cutlass", degraded=["flashinfer_cutlass"], error_rate=0.3)
+    result = _run(tmp_path, scn, config())
+    fp4 = result["section"]
+    assert fp4["verdict"] == "degraded"
+    assert 0.5 <= fp4["canary_pass_rate"]["before"] < 0.95
+    assert fp4["backend_after"] == "cutlass" and fp4["verdict_after"] == "correct"
+    assert [f["code"] for f in result["findings"]] == [FINDING]
+    by_backend = {c["backend"]: c for c in fp4["candidates"]}
+    assert by_backend["flashinfer_cutlass"]["checks"]["probe"]["passed"] is False
+    assert by_backend["marlin"]["verdict"] == "correct"  # correct, but slower than cutlass
+
+
+def test_the_reference_story(tmp_path: Path) -> None:
+    scn = scenario(
+        default="flashinfer_cutlass",
+        broken=["flashinfer_cutlass"],
+        speed={"flashinfer_cutlass": 1.0, "cutlass": 1.0, "marlin": 1.6},
+    )
+    result = _run(tmp_path, scn, config())
+    fp4 = result["section"]
+    assert fp4["verdict"] == "garbage" and fp4["canary_pass_rate"]["before"] < 0.1
+    assert fp4["backend_before"] == "flashinfer_cutlass" and fp4["backend_after"] == "cutlass"
+    assert fp4["table_row"]["status"] == "bad"
+    # Candidates come from the engine's own list, every one restarted and checked.
+    assert set(fp4["candidates_source"]["supported"]) == {"flashinfer_cutlass", "cutlass", "marlin"}
+    assert [c["status"] for c in fp4["candidates"]] == ["customer", "measured", "measured"]
+    assert fp4["perplexity"]["before"] > 100 * fp4["perplexity"]["after"]
+    assert not fp4["probe"]["flashinfer_cutlass"]["passed"] and fp4["probe"]["cutlass"]["passed"]
+    cost = fp4["speed_cost"]
+    assert set(cost) == {"code", "prose"} and all(c["diff_ci95"] for c in cost.values())
+    assert result["config_changes"] == [
+        {
+            "path": "serving.moe_backend",
+            "from": "auto",
+            "to": "cutlass",
+            "finding": FINDING,
+            "why": result["config_changes"][0]["why"],
+        }
+    ]
+    finding = result["findings"][0]
+    assert finding["change"]["flags"] == ["--moe-backend", "cutlass"]
+    assert finding["impact"]["before"] < 0.1 and finding["impact"]["after"] == 1.0
+    examples = fp4["examples"]["before"]
+    assert examples and all(not e["passed"] and e["got"] != e["expected"] for e in examples)
+    tuned_run = current_run(result["tuned_log"].splitlines())
+    assert any("Using Cutlass backend for NVFP4 MoE" in line for line in tuned_run)

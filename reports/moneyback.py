@@ -149,6 +149,18 @@ def interval_of(impact: Mapping[str, Any]) -> tuple[float, float] | None:
     return (min(lo, hi), max(lo, hi))
 
 
+def measured_differences(findings: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The tuned-minus-customer delivered-rate differences the measure stage wrote, per
+    workload: the day's before/after, each with its Welch 95 % interval."""
+    measurement = findings.get("measurement")
+    if not isinstance(measurement, Mapping):
+        return []
+    difference = measurement.get("difference")
+    if not isinstance(difference, Mapping):
+        return []
+    return [(str(w), d) for w, d in sorted(difference.items()) if isinstance(d, Mapping)]
+
+
 def judge_improvement(code: str, impact: Mapping[str, Any]) -> Improvement:
     """Does this impact show an improvement whose 95 % interval excludes zero?"""
     metric = str(impact.get("metric") or "unnamed metric")
@@ -242,6 +254,9 @@ def assess(
 
     improvements = tuple(
         judge_improvement(str(f.get("code", "")), impact) for f in found for impact in impacts_of(f)
+    ) + tuple(
+        judge_improvement(f"measurement.difference.{workload}", {**diff, "better": "higher"})
+        for workload, diff in measured_differences(findings)
     )
     shown = [i for i in improvements if i.demonstrated]
     if shown:

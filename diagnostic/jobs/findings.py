@@ -17,6 +17,7 @@ import jsonschema
 from django.utils import timezone
 
 from diagnostic.jobs.models import DiagnosticJob, StageRun
+from diagnostic.jobs.tuning import tuned_section
 
 SCHEMA = "diagnostic.findings/1"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "findings.schema.json"
@@ -51,8 +52,16 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
             continue
         produced = stage.result.get("sections") or {}
         for name in SECTIONS:
-            if name in produced:
-                sections[name] = produced[name]
+            if name not in produced:
+                continue
+            earlier, later = sections[name], produced[name]
+            # A later stage may add to a section an earlier one wrote (the measure stage
+            # gives cold_start its after_s from the tuned configuration's true cold start).
+            if isinstance(earlier, dict) and isinstance(later, dict) and later.get("_merge"):
+                sections[name] = {**earlier, **{k: v for k, v in later.items() if k != "_merge"}}
+            else:
+                sections[name] = {k: v for k, v in later.items() if k != "_merge"} \
+                    if isinstance(later, dict) else later
     # Preflight notes the lab's time dilation; the report stage decides the money-back flag.
     done = {s.name: s.result for s in stages
             if s.status == StageRun.Status.SUCCEEDED and isinstance(s.result, dict)}
@@ -87,6 +96,8 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
         },
         "config": job.config.normalized,
         **sections,
+        # The customer's configuration with every proved change, its command and diff.
+        "tuned": tuned_section(job),
         "findings": [f.as_document() for f in job.finding_set.order_by("id")],
         # Decided by the report stage from measured improvements; never guessed here.
         "money_back": report.get("money_back"),

@@ -115,10 +115,14 @@ def welch(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> dict[s
             "mean_a": mean_a,
             "mean_b": mean_b,
             "diff": diff,
+            "ci95": [diff, diff],
         }
-    t = diff / math.sqrt(va + vb)
+    se = math.sqrt(va + vb)
+    t = diff / se
     dof = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
     p = float(2.0 * scipy_stats.t.sf(abs(t), dof))
+    # The (1 - alpha) interval of mean_a - mean_b on the same Welch-Satterthwaite t.
+    half = float(scipy_stats.t.ppf(1.0 - alpha / 2.0, dof)) * se
     return {
         "t": t,
         "dof": dof,
@@ -128,6 +132,7 @@ def welch(a: Sequence[float], b: Sequence[float], alpha: float = 0.05) -> dict[s
         "mean_a": mean_a,
         "mean_b": mean_b,
         "diff": diff,
+        "ci95": [diff - half, diff + half],
     }
 
 

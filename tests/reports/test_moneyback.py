@@ -152,3 +152,20 @@ def test_the_latest_staff_override_decides_and_every_one_is_kept(findings: dict[
     free = assess(findings, as_of=ON_TIME, overrides=[first])
     assert free.eligible is True
     assert free.as_findings()["override"]["by"] == "alice"
+
+
+def test_the_measured_before_and_after_counts_only_where_its_interval_excludes_zero(
+    findings: dict[str, Any],
+) -> None:
+    document = _with_impacts(findings)  # no finding shows an impact of its own
+    document["measurement"] = {**document["measurement"], "difference": {
+        "code": {"metric": "decode_tps", "before": 26.0, "after": 26.2, "diff": 0.2, "ci95": [-0.3, 0.7],
+                 "p": 0.4},
+    }}
+    assert assess(document, as_of=ON_TIME).eligible is True
+    document["measurement"]["difference"]["prose"] = {
+        "metric": "decode_tps", "before": 19.6, "after": 23.7, "diff": 4.1, "ci95": [3.6, 4.6], "p": 1e-9,
+    }
+    decision = assess(document, as_of=ON_TIME)
+    assert decision.eligible is False
+    assert [i.code for i in decision.improvements if i.demonstrated] == ["measurement.difference.prose"]

@@ -104,3 +104,15 @@ def test_compare_tests_after_against_before_on_the_workload_summaries_decode_sam
     assert (verdict["metric"], verdict["before_mean"], verdict["after_mean"]) == (
         "decode tok/s", before["mean"], after["mean"]
     )
+
+
+def test_welch_interval_of_the_difference_matches_scipy() -> None:
+    import scipy.stats
+
+    a = [27.1, 27.9, 27.4, 28.2, 27.6, 27.3]
+    b = [25.8, 26.3, 25.9, 26.4, 26.1]
+    got = welch(a, b)
+    want = scipy.stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert got["ci95"][0] == pytest.approx(want.low)
+    assert got["ci95"][1] == pytest.approx(want.high)
+    assert got["ci95"][0] > 0  # a is faster: the whole interval of a - b is above zero

@@ -37,6 +37,7 @@ from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.jobs.orchestration import Next, Outcome, create_job, run_until_done
 from diagnostic.jobs.registry import UnknownStage
 from diagnostic.jobs.tasks import enqueue_job
+from diagnostic.jobs.tuning import write_tuned_files
 from diagnostic.logfmt import KeyValueFormatter
 from lab.config import ConfigError
 from lab.inventory import InventoryError, load_inventory
@@ -201,6 +202,9 @@ class Command(BaseCommand):
                 if report.get(key) and Path(report[key]).is_file():
                     shutil.copyfile(report[key], out / name)
                     self.stdout.write(f"wrote {out / name}")
+        if document.get("tuned"):
+            for written in write_tuned_files(document["tuned"], out):
+                self.stdout.write(f"wrote {written}")
         logs = out / "logs"
         logs.mkdir(exist_ok=True)
         for stage in job.stage_runs.order_by("order"):
@@ -251,20 +255,18 @@ def headline_table(document: dict[str, Any]) -> list[str]:
     cold = document.get("cold_start") or {}
     rows.append(("cold start, lab s", _fmt(cold.get("before_s"), 0), _fmt(cold.get("after_s"), 0)))
     measurement = document.get("measurement") or {}
+    tuned = measurement.get("tuned") or {}
     for workload in ("code", "prose"):
-        section = measurement.get(workload) or {}
-        ci = section.get("ci95")
-        value = _fmt(section.get("mean_tps"), 1)
-        if ci:
-            value += f" [{ci[0]:.1f}, {ci[1]:.1f}]"
-        rows.append((f"{workload}: delivered tok/s (95 % CI)", value, "not run"))
+        rows.append((f"{workload}: delivered tok/s (95 % CI)", _rate(measurement.get(workload)),
+                     _rate(tuned.get(workload))))
     claimed = measurement.get("server_claimed_tps") or {}
     for workload in ("code", "prose"):
         claim = claimed.get(workload)
         shown = _fmt(claim, 1) if claim is not None or not measurement else "not reported"
         rows.append((f"{workload}: server-claimed tok/s", shown, ""))
     fp4 = document.get("fp4") or {}
-    rows.append(("FP4 verdict", str(fp4.get("verdict", "not run")), ""))
+    rows.append(("FP4 verdict", str(fp4.get("verdict", "not run")),
+                 str(fp4.get("verdict_after") or ("" if not fp4 else fp4.get("verdict", "")))))
     money = document.get("money_back")
     rows.append(("money back", "not decided" if not money else
                  ("eligible" if money.get("eligible") else "not eligible"), ""))
@@ -272,6 +274,16 @@ def headline_table(document: dict[str, Any]) -> list[str]:
     lines = [f"  {'':<{width}}  {'customer config':<22}  tuned", f"  {'-' * (width + 32)}"]
     lines += [f"  {name:<{width}}  {before:<22}  {after}".rstrip() for name, before, after in rows]
     return lines
+
+
+def _rate(section: Any) -> str:
+    if not isinstance(section, dict):
+        return "not run"
+    value = _fmt(section.get("mean_tps"), 1)
+    ci = section.get("ci95")
+    if ci:
+        value += f" [{ci[0]:.1f}, {ci[1]:.1f}]"
+    return value
 
 
 def _fmt(value: Any, digits: int) -> str:

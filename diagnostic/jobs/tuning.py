@@ -1,0 +1,131 @@
+"""The tuned configuration of a job: the customer's configuration with every change the
+stages proved, and the files a customer launches it from.
+
+Only what a stage proved goes in: each stage's result lists its `config_changes`, each
+naming the finding that justifies it, and they compose in stage order
+(diagnostic/pipelines/changes.py). From the composed configuration come
+`tuned-config.yaml` (diagnostic.config/1), `tuned-command.txt` (the head node's launch
+command in the engine's own syntax, with its environment) and `tuned.diff` against what
+the customer submitted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from diagnostic.jobs.models import DiagnosticJob, StageRun
+from diagnostic.pipelines.changes import apply_changes
+from lab.engines import render
+from lab.inventory import Node
+
+# Placeholders for what only the customer's own cluster knows.
+HEAD_ADDRESS = "HEAD_NODE_DATA_ADDRESS"
+CACHE_DIR = "/var/cache/diag"
+
+
+def proved_changes(job: DiagnosticJob) -> list[dict[str, Any]]:
+    """Every succeeded stage's config_changes, in stage order, each tagged with its stage."""
+    changes: list[dict[str, Any]] = []
+    rows = job.stage_runs.filter(status=StageRun.Status.SUCCEEDED).order_by("order")
+    for stage in rows:
+        result = stage.result if isinstance(stage.result, dict) else {}
+        for item in result.get("config_changes") or []:
+            if isinstance(item, dict):
+                changes.append({**item, "stage": stage.name})
+    return changes
+
+
+def _customer_node(config: dict[str, Any]) -> Node:
+    """A stand-in head node for rendering the command a customer runs on their own cluster."""
+    return Node(
+        name="head", host=HEAD_ADDRESS, port=22, user="", key_file=Path(), role="head",
+        mgmt_nic="", data_nics=(), data_addr=HEAD_ADDRESS, model_dir=str(config["model"]["path"]),
+        cache_dir=CACHE_DIR, work_dir="", api_port=8000, python="python3",
+    )
+
+
+def command_text(config: dict[str, Any]) -> str:
+    """The head node's launch command for `config`, with its environment as NAME=value
+    prefixes, one flag pair a line; the workers' differ only as the comment says."""
+    head = _customer_node(config)
+    nodes = [head] + [
+        replace(head, name=f"worker-{i}", role="worker") for i in range(1, int(config["cluster"]["nodes"]))
+    ]
+    specs = render(config, nodes)
+    spec = specs[0]
+    lines = [
+        f"# {config['engine']['name']} {config['engine']['version']}: the head node's command (rank 0).",
+    ]
+    if len(specs) > 1:
+        lines.append("# Workers run the same with --node-rank 1..N-1 (vLLM adds --headless); replace "
+                     f"{HEAD_ADDRESS} with the head node's data-network address.")
+    env = spec["env"]
+    if any(k.startswith("NCCL_") for k in env):
+        lines.append("# The NCCL interface names are our lab's; use your nodes' own management NIC and "
+                     "RDMA devices (see the report).")
+    if config["serving"]["jit_cache"] == "persisted":
+        lines.append(f"# {CACHE_DIR} must be a volume kept across restarts (the JIT cache).")
+    words = [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+    argv = [shlex.quote(a) for a in spec["argv"]]
+    # One flag (with its value) per line, as people paste launch commands.
+    parts: list[str] = [" ".join([*words, *argv[:3]])]
+    i = 3
+    while i < len(argv):
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            parts.append(f"{argv[i]} {argv[i + 1]}")
+            i += 2
+        else:
+            parts.append(argv[i])
+            i += 1
+    lines.append(" \\\n  ".join(parts))
+    return "\n".join(lines) + "\n"
+
+
+def config_yaml(config: dict[str, Any], changes: list[dict[str, Any]] | None = None) -> str:
+    header = "# The customer's configuration with every change the diagnostic proved.\n"
+    for item in changes or []:
+        header += f"#   {item['path']}: {item.get('from')!r} -> {item.get('to')!r}  ({item.get('finding')})\n"
+    return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+
+
+def config_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    a = yaml.safe_dump(before, sort_keys=False).splitlines(keepends=True)
+    b = yaml.safe_dump(after, sort_keys=False).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(a, b, fromfile="submitted-config.yaml", tofile="tuned-config.yaml"))
+
+
+def tuned_section(job: DiagnosticJob) -> dict[str, Any] | None:
+    """findings.json `tuned`: the composed configuration, its changes, command and diff;
+    None until a stage has proved a change."""
+    changes = proved_changes(job)
+    if not changes:
+        return None
+    customer = job.config.normalized
+    tuned = apply_changes(customer, changes)
+    return {
+        "config": tuned,
+        "changes": changes,
+        "command": command_text(tuned),
+        "diff": config_diff(customer, tuned),
+    }
+
+
+def write_tuned_files(section: dict[str, Any], out: Path) -> list[Path]:
+    """tuned-config.yaml, tuned-command.txt and tuned.diff in `out`."""
+    files = {
+        "tuned-config.yaml": config_yaml(section["config"], section["changes"]),
+        "tuned-command.txt": section["command"],
+        "tuned.diff": section["diff"],
+    }
+    written = []
+    for name, text in files.items():
+        path = out / name
+        path.write_text(text)
+        written.append(path)
+    return written

@@ -151,7 +151,8 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
     `reproduce` is the reproduce stage's result, whose cold start serves as the customer's
     when it is a true cold start of this configuration with 1 Hz telemetry. Returns the
     `cold_start` section, the findings, the proved `config_changes`, `lab_time_s`, and
-    `telemetry_csv` (every observed start's telemetry, for the customer's own analysis).
+    `telemetry_csv` (the telemetry of the customer's cold start and of ours, 1 Hz per node,
+    for the customer's own analysis).
     """
     triage = Triage(session, config, log=log, progress=progress, check_cancelled=check_cancelled,
                     budget_lab_s=budget_lab_s)
@@ -209,11 +210,13 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
     progress(95, "writing the cold-start section")
     built = rp.build_result(before, after, runs, fixes, proved, triage.notes, triage.steps,
                             lab_time_s=triage.spent())
-    # Each node's seconds count from the launch's origin, on that node's own clock.
-    frames = {(s.run, node): (s.frames[node], s.origin - (s.timelines[node].lab_offset_s
-                                                          if node in s.timelines else 0.0))
-              for s in [before] + [r[2] for r in runs] for node in s.nodes}
-    built["telemetry_csv"] = fr.telemetry_table(frames).to_csv(index=False, float_format="%.3f")
+    # The customer's start and ours, each node's seconds counted from that launch's origin
+    # on the node's own clock (the proving runs stay in the section's waterfall).
+    starts = {"before": before} if after is before else {"before": before, "after": after}
+    frames = {(run, node): (s.frames[node], s.origin - (s.timelines[node].lab_offset_s
+                                                        if node in s.timelines else 0.0))
+              for run, s in starts.items() for node in s.nodes}
+    built["telemetry_csv"] = fr.telemetry_table(frames).to_csv(index=False, float_format="%.2f")
     progress(100, f"cold start {before.cold_start_s:.0f} s -> {after.cold_start_s:.0f} s")
     return built
 

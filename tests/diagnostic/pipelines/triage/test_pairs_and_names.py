@@ -62,5 +62,5 @@ def test_the_reference_story_over_loopback_ssh(tmp_path: Path) -> None:
     assert rendezvous["evidence"]["bootstrap_retries"] >= 2
     header, *rows = result["telemetry_csv"].splitlines()
     assert header.startswith("run,node,t_s,epoch,cpu_user_pct")
-    alone = [w["step"] for w in section["waterfall"] if w["mode"] == "alone"]
-    assert {row.split(",")[0] for row in rows} == {"before", *alone, "all changes"}
+    assert {row.split(",")[0] for row in rows} == {"before", "after"}
+    assert {row.split(",")[1] for row in rows} == set(scn.node_names)

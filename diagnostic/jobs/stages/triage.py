@@ -1,0 +1,44 @@
+"""The triage stage: why the customer's cold start takes minutes, each cause proved by a
+true cold start with its fix (METHODOLOGY.md, "Loading triage"). Reproduce's cold start
+is the customer's when it can serve as evidence; the pipeline measures its own otherwise.
+
+The cold-start telemetry CSV travels in the result's `artifacts`, keyed by its file name,
+for whoever writes the job's files (it is written beside findings.json).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagnostic.jobs.context import StageContext
+from diagnostic.jobs.registry import register_stage
+from diagnostic.pipelines.triage import TELEMETRY_CSV, run_triage
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    result = run_triage(
+        ctx.session,
+        ctx.config,
+        log=ctx.log,
+        progress=ctx.progress,
+        check_cancelled=ctx.check_cancelled,
+        reproduce=ctx.earlier_result("reproduce"),
+    )
+    for finding in result["findings"]:
+        ctx.add_finding(
+            finding["code"],
+            finding["title"],
+            evidence=finding.get("evidence", {}),
+            change=finding.get("change"),
+            impact=finding.get("impact"),
+            blocking=bool(finding.get("blocking", False)),
+        )
+    return {
+        "sections": {"cold_start": result["section"]},
+        "config_changes": result["config_changes"],
+        "lab_time_s": result["lab_time_s"],
+        "artifacts": {TELEMETRY_CSV: result["telemetry_csv"]},
+    }
+
+
+register_stage("triage", run)

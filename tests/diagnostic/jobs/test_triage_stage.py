@@ -1,0 +1,45 @@
+"""The triage stage in a whole diagnostic (`manage.py diagnose` on the simulated lab):
+it takes reproduce's cold start as the customer's, proves its fixes, and its section and
+findings land in findings.json, which the report reads."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from diagnostic.jobs.findings import validate_findings
+from diagnostic.jobs.models import StageRun
+from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO
+from tests.diagnostic.doubles import fast_scenario
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_triage_proves_the_reference_story_from_reproduces_cold_start(tmp_path: Path,
+                                                                      sim_state_dir: Path) -> None:
+    scenario = fast_scenario(tmp_path, REFERENCE_SCENARIO)
+    out = tmp_path / "out"
+    call_command("diagnose", "--config", str(REFERENCE_CONFIG), "--lab", f"sim:{scenario}", "--out", str(out),
+                 "--stages", "preflight,reproduce,triage", "--seed", "7", stdout=io.StringIO())
+    document = json.loads((out / "findings.json").read_text())
+    validate_findings(document)
+    assert [s["name"] for s in document["job"]["stages"]] == ["preflight", "reproduce", "triage"]
+    cold = document["cold_start"]
+    reproduce = StageRun.objects.get(name="reproduce").result
+    assert isinstance(reproduce, dict)
+    # The customer's cold start was not paid for twice: it is reproduce's own.
+    assert cold["before_s"] == pytest.approx(reproduce["cold_start_s"], abs=0.1)
+    assert cold["waterfall"][0]["lab_s"] == 0.0
+    assert cold["root_causes"] == ["load.weights_io", "load.jit_compile", "load.rendezvous"]
+    assert cold["after_s"] == pytest.approx(145, abs=25)
+    codes = [f["code"] for f in document["findings"]]
+    assert codes == ["load.weights_io", "load.jit_compile", "load.rendezvous"]
+    triage = StageRun.objects.get(name="triage").result
+    assert isinstance(triage, dict)
+    assert {c["finding"] for c in triage["config_changes"]} == set(codes)
+    csv = triage["artifacts"]["cold-start-telemetry.csv"]
+    assert csv.startswith("run,node,t_s,epoch,")

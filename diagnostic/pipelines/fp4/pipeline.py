@@ -358,7 +358,7 @@ def run_fp4(
         measure_max_tokens=measure_max_tokens,
         probe_seed=probe_seed,
     )
-    progress(0.02, "reading the FP4 backend the engine chose")
+    progress(2, "reading the FP4 backend the engine chose")
     cc = stage.compute_capability()
     first = stage.serving_backends()
     events = first["events"]
@@ -382,7 +382,7 @@ def run_fp4(
             f"{stage.version}, compute capability {cc}: {table_row['status']}"
         )
 
-    progress(0.08, f"checking the {backend_before} backend")
+    progress(8, f"checking the {backend_before} backend")
     checks = stage.checks(backend_before, "before")
     likelihood.judge([checks["likelihood"]], vocab_size=stage.vocab_size())
     rate_before = stage.rate()
@@ -402,12 +402,12 @@ def run_fp4(
     chosen: dict[str, Any] | None = None
     source: dict[str, Any] = {}
     if verdict_before != "correct":
-        progress(0.25, "learning the backends the engine accepts")
+        progress(25, "learning the backends the engine accepts")
         supported, source = _discover(stage, layers)
         others = [b for b in supported if b != backend_before]
         for i, backend in enumerate(others):
             check_cancelled()
-            progress(0.3 + 0.6 * i / max(1, len(others)), f"restarting with the {backend} backend")
+            progress(30 + 60 * i / max(1, len(others)), f"restarting with the {backend} backend")
             candidates.append(_try_candidate(stage, backend, layers, cc))
         # Likelihood is judged against the best perplexity measured on this lab.
         likelihood.judge(
@@ -427,7 +427,7 @@ def run_fp4(
             chosen = max(rated, key=lambda c: float(_mean_rate(c.get("rate")) or 0.0))
         elif correct:
             chosen = correct[0]
-    progress(0.95, "writing the FP4 section")
+    progress(95, "writing the FP4 section")
     return _result(stage, config, before, candidates, chosen, table_row, source, layers, cc)
 
 

@@ -165,6 +165,8 @@ class _Stage:
             t1 = self.session.clock.now()
             lik = likelihood.measure(endpoint)
             lik_s = self.session.clock.now() - t1
+            if not lik["available"]:
+                self.notes.append(f"{backend}: {lik['reason']}; the other checks decide")
         t2 = self.session.clock.now()
         probe = pr.probe_backend(self.session.agent, self.head, backend, seed=self.probe_seed)
         probe_s = self.session.clock.now() - t2
@@ -254,6 +256,20 @@ def _welch_interval(a: list[float], b: list[float], dof: float) -> tuple[float, 
     se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
     half = float(scipy_stats.t.ppf(0.975, dof)) * se if se > 0 else 0.0
     return (diff - half, diff + half)
+
+
+def _lead(first: Mapping[str, Any], second: Mapping[str, Any]) -> str:
+    """How far the fastest correct backend leads the next one, per workload."""
+    parts = []
+    for workload, cost in (_speed_cost(second.get("rate"), first.get("rate")) or {}).items():
+        sig = "significant" if cost["significant"] else "not significant"
+        parts.append(
+            f"{workload} {cost['diff_tps']:+.2f} tok/s ({cost['diff_pct']:+.1f} %, "
+            f"p = {cost['p']:.3g}, {sig})"
+        )
+    return f"{first['backend']} leads {second['backend']}, the next correct backend: " + (
+        "; ".join(parts) if parts else "no comparable rates"
+    )
 
 
 def _speed_cost(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -424,7 +440,10 @@ def run_fp4(
         correct = [c for c in candidates[1:] if c.get("verdict") == "correct"]
         rated = [c for c in correct if _mean_rate(c.get("rate")) is not None]
         if rated:
-            chosen = max(rated, key=lambda c: float(_mean_rate(c.get("rate")) or 0.0))
+            rated.sort(key=lambda c: float(_mean_rate(c.get("rate")) or 0.0), reverse=True)
+            chosen = rated[0]
+            if len(rated) > 1:
+                stage.notes.append(_lead(chosen, rated[1]))
         elif correct:
             chosen = correct[0]
     progress(95, "writing the FP4 section")
@@ -523,7 +542,12 @@ def _try_candidate(stage: _Stage, backend: str, layers: list[str], cc: str | Non
             reason=f"the engine ran {', '.join(chose)} instead",
         )
     checks = stage.checks(backend, backend)
-    rate = stage.rate()
+    # Only a backend that may yet be chosen needs its speed: the canaries and the probe
+    # already rule the others out, and their rate would only cost lab time.
+    verdict, _ = verdict_of(checks["suite"].rate, {}, checks["probe"])
+    rate = stage.rate() if verdict == "correct" else None
+    if rate is None and verdict != "correct":
+        stage.notes.append(f"{backend}: not rated ({verdict} by canaries or probe)")
     return _candidate_record(
         stage, backend, launch=launch, checks=checks, rate=rate, cc=cc, expressed=expressed, status="measured"
     )

@@ -249,6 +249,14 @@ DIAG_RETRY_MAX_S = envint("DIAG_RETRY_MAX_S", 900, minimum=0)
 DIAG_LAB_BUSY_RETRY_S = envint("DIAG_LAB_BUSY_RETRY_S", 60, minimum=1)
 DIAG_STAGE_TIME_LIMIT_S = envint("DIAG_STAGE_TIME_LIMIT_S", 5400, minimum=60)
 DIAG_REAPER_INTERVAL_S = envint("DIAG_REAPER_INTERVAL_S", 60, minimum=1)
+# How long a stage's bookkeeping (its completion, its release for a retry) waits out a
+# database that is away before giving up; a restart takes seconds.
+DIAG_DB_OUTAGE_S = envint("DIAG_DB_OUTAGE_S", 60, minimum=0)
+# A job still queued this long after it was created lost its message (the broker was down
+# at submit, or restarted empty): the reaper enqueues it again (duplicates are harmless).
+DIAG_QUEUED_REQUEUE_S = envint("DIAG_QUEUED_REQUEUE_S", 300, minimum=1)
+# The synchronous `diagnose` gives up after this long (a lab day, with room to spare).
+DIAG_DIAGNOSE_TIME_LIMIT_S = envint("DIAG_DIAGNOSE_TIME_LIMIT_S", 12 * 3600, minimum=60)
 DIAG_SIM_STATE_DIR = Path(envstr("DIAG_SIM_STATE_DIR", str(OUT_DIR / "labsim")))
 # Owner of configurations and jobs run without a booking (demo, `diagnose`); no customer
 # belongs to it, so the portal never shows them.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import smtplib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import make_msgid
@@ -23,7 +24,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.template import Context
 
 from reports import content
-from reports.report import RenderedReport, render, template_engine
+from reports.report import RenderedReport, render, template_engine, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,9 @@ def build_report_email(
 
 
 def write_eml(message: EmailMultiAlternatives, path: Path) -> Path:
-    """Save the message as an .eml file (what the demo and `diagnose` do instead of sending)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(message.message().as_bytes())
-    return path
+    """Save the message as an .eml file (what the demo and `diagnose` do instead of sending),
+    atomically: a failed write leaves no truncated message at `path`."""
+    return write_atomically(path, message.message().as_bytes())
 
 
 def send_report_email(
@@ -133,9 +133,35 @@ def send_report_email(
             f"the report email for job {job_id} could not be sent via {host}: {exc}; check EMAIL_URL or "
             "EMAIL_HOST/EMAIL_PORT and the server's log; the next run will try again"
         ) from exc
-    claim.mark_sent(str(message.extra_headers.get("Message-ID", "")))
+    _record_sent(claim, str(message.extra_headers.get("Message-ID", "")))
     log.info("report email sent job=%s version=%s to=%s", job_id, report_digest[:12], ",".join(message.to))
     return True
+
+
+# How long the record of a sent message waits out a database that is away. The message
+# has gone: a claim left "sending" would be taken over after its lease and the customer
+# would get the same report twice, so this write is worth waiting for.
+SENT_RECORD_WAIT_S = 120.0
+
+
+def _record_sent(claim: Any, message_id: str, *, wait_s: float = SENT_RECORD_WAIT_S) -> None:
+    from django.db import InterfaceError, OperationalError, connection
+
+    deadline = time.monotonic() + wait_s
+    pause = 0.25
+    while True:
+        try:
+            claim.mark_sent(message_id)
+            return
+        except (OperationalError, InterfaceError):
+            if connection.in_atomic_block or time.monotonic() + pause > deadline:
+                log.error("report email sent but not recorded: the database is unreachable job=%s",
+                          claim.job_id)
+                raise
+            log.warning("report email sent; waiting for the database to record it job=%s", claim.job_id)
+            connection.close()
+            time.sleep(pause)
+            pause = min(2 * pause, 5.0)
 
 
 @dataclass(frozen=True)

@@ -2,17 +2,22 @@
 
 `render_report` is what `diagnose` and `make demo` call; `render` returns the details
 (version digest, money-back decision, page count, timings) that the email step and the
-staff views need. The report's version is a digest of what it says (the findings, the
-customer, the lab day and the money-back outcome), not of the PDF's bytes, so
-rendering the same job twice gives the same version and the email goes out once.
+staff views need. The PDF is written atomically (`write_atomically`): a failed write
+leaves no truncated file at its final path. The report's version is a digest of what it
+says (the findings, the customer, the lab day and the money-back outcome), not of the
+PDF's bytes, so rendering the same job twice gives the same version and the email goes
+out once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -48,6 +53,27 @@ class RenderedReport:
     def version(self) -> str:
         """The short form of the digest printed on the cover."""
         return self.digest[:12]
+
+
+def write_atomically(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` so that `path` is either the old file or the whole new one.
+
+    The bytes go to a temporary file beside it, reach the disk, then replace it by rename;
+    a write that fails (a full disk, a killed worker) leaves no truncated PDF or message at
+    `path`, and its temporary file is removed, freeing what it took for the retry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as sink:
+            sink.write(data)
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    return path
 
 
 @cache
@@ -166,11 +192,10 @@ def render(
         try:
             result = renderer.render(html, identifier=bytes.fromhex(digest[:32]))
         except pdf.ReportRenderError:
-            (out_dir / "report.html").write_text(html, encoding="utf-8")
+            write_atomically(out_dir / "report.html", html.encode("utf-8"))
             raise
         timings["pdf_after_html"] = time.perf_counter() - mark
-    target = out_dir / filename
-    target.write_bytes(result.pdf)
+    target = write_atomically(out_dir / filename, result.pdf)
     timings["total"] = time.perf_counter() - started
     if result.refused:
         log.warning("report rendered without refused resources: %s", ", ".join(result.refused))

@@ -4,17 +4,20 @@ report progress, write its log and record findings and measurements.
 Findings and measurements are held here and saved only when the stage succeeds, in the
 same transaction that marks it succeeded: a stage that dies half-way leaves nothing
 behind, and its retry starts from its own beginning. Progress and the log are written
-as the stage goes so that people watching the job see it move.
+as the stage goes so that people watching the job see it move; a write the database
+misses (a restart) is carried by the next one and never stops the stage.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from diagnostic.jobs.faults import DATABASE_CONNECTION_ERRORS, reset_connection
 from diagnostic.jobs.labaccess import LabAccess
 from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.pipelines.changes import apply_changes
@@ -24,6 +27,10 @@ from lab.session import LabSession
 # a long engine log is the least useful part and the database row must stay small.
 LOG_LIMIT_CHARS = 256 * 1024
 PROGRESS_WRITE_INTERVAL_S = 1.0
+# A progress write the database refuses is tried again after these pauses, then deferred.
+PROGRESS_RETRY_PAUSES_S = (0.2,)
+
+log = logging.getLogger(__name__)
 
 
 class StopJob(Exception):
@@ -82,6 +89,9 @@ class StageContext:
     measurements: list[MeasurementDraft] = field(default_factory=list)
     _log_parts: list[str] = field(default_factory=list)
     _last_write: float = 0.0
+    _write_deferred: bool = False
+    # Progress writes the database missed (each was carried by a later one).
+    deferred_writes: int = 0
 
     @property
     def customer_config(self) -> dict[str, Any]:
@@ -164,10 +174,30 @@ class StageContext:
         self._write(force=True)
 
     def _write(self, *, force: bool) -> None:
+        """Save progress and the log. A database that is away (restarting, say) never
+        stops the stage: the write is tried once more after a short pause, then left for
+        the next one, which carries everything since (the log is written whole)."""
         now = time.monotonic()
-        if not force and now - self._last_write < PROGRESS_WRITE_INTERVAL_S:
+        if not force and not self._write_deferred and now - self._last_write < PROGRESS_WRITE_INTERVAL_S:
             return
         self._last_write = now
+        for pause in (*PROGRESS_RETRY_PAUSES_S, None):
+            try:
+                self._save_progress()
+            except DATABASE_CONNECTION_ERRORS as exc:
+                reset_connection()
+                if pause is None:
+                    self._write_deferred = True
+                    self.deferred_writes += 1
+                    log.warning("progress not saved: the database is unreachable; kept for the next write",
+                                extra={"stage": self.stage.name, "error": f"{type(exc).__name__}: {exc}"})
+                    return
+                time.sleep(pause)
+            else:
+                self._write_deferred = False
+                return
+
+    def _save_progress(self) -> None:
         # Only the lease holder writes: a stage taken over by another worker keeps theirs.
         StageRun.objects.filter(
             pk=self.stage.pk, status=StageRun.Status.RUNNING, lease_owner=self.owner

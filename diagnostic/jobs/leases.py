@@ -167,6 +167,23 @@ def stalled_jobs() -> list[str]:
     ]
 
 
+def lost_queued_jobs(*, older_than_s: float) -> list[str]:
+    """Queued jobs older than `older_than_s` whose lab no other job holds: their message
+    was lost (the broker was down at submit, or came back empty), since a job waiting
+    for a busy lab keeps its own retry in the broker. Re-enqueueing them is harmless: a
+    second message finds the stage leased or done and walks away."""
+    now = timezone.now()
+    holders = dict(
+        LabLease.objects.filter(job__isnull=False, expires_at__gte=now).values_list("lab_id", "job_id")
+    )
+    waiting = DiagnosticJob.objects.filter(
+        status=DiagnosticJob.Status.QUEUED,
+        cancel_requested=False,
+        created_at__lt=now - timedelta(seconds=older_than_s),
+    ).values_list("pk", "lab_id")
+    return [str(pk) for pk, lab_id in waiting if holders.get(lab_id, pk) == pk]
+
+
 # -- the lab lease ---------------------------------------------------------------------
 
 

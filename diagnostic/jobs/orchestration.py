@@ -36,12 +36,12 @@ from django.utils import timezone
 from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab
 from diagnostic.jobs import leases
 from diagnostic.jobs.context import StageCancelled, StageContext, StopJob
+from diagnostic.jobs.faults import DATABASE_CONNECTION_ERRORS, classify, reset_connection, through_outage
 from diagnostic.jobs.findings import build_findings
 from diagnostic.jobs.labaccess import LabAccess, SessionFactory
 from diagnostic.jobs.leases import Claim
 from diagnostic.jobs.models import DiagnosticJob, Finding, Measurement, StageRun
 from diagnostic.jobs.registry import Stage, lookup, select_stages
-from lab.session import LabError
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,33 @@ def retry_countdown(attempt: int) -> float:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Lab errors worth another try: an unreachable node, a launch that timed out."""
-    return isinstance(exc, LabError) and bool(getattr(exc, "transient", False))
+    """Faults worth another try (faults.classify): an unreachable node, a launch that timed
+    out, a database or broker that was away, an endpoint that reset, a disk that was full."""
+    return classify(exc).transient
+
+
+@dataclass(frozen=True)
+class TimeLimit:
+    """A synchronous run's overall limit: `seconds` from its start, ending at the monotonic
+    `deadline`."""
+
+    seconds: float
+    deadline: float
+
+    @classmethod
+    def starting_now(cls, seconds: float) -> TimeLimit:
+        return cls(float(seconds), time.monotonic() + float(seconds))
+
+    @property
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    @property
+    def reached(self) -> bool:
+        return self.remaining <= 0
+
+    def reason(self, where: str) -> str:
+        return f"the run's time limit of {self.seconds:g} s was reached {where}"
 
 
 def create_job(
@@ -145,10 +170,13 @@ class Heartbeat:
             leases.renew_lab(self.job_id, owner=self.owner, lease_s=settings.DIAG_LAB_LEASE_S)
             if DiagnosticJob.objects.filter(pk=self.job_id, cancel_requested=True).exists():
                 self.cancel.set()
-        except DatabaseError:
-            # One failed renewal is survivable: the lease outlasts several heartbeats.
-            log.warning("heartbeat could not reach the database", exc_info=True,
-                        extra={"stage_id": self.stage_id})
+        except DatabaseError as exc:
+            # One failed renewal is survivable: the lease outlasts several heartbeats. The
+            # connection is dropped so that the next beat opens a fresh one (after a
+            # database restart the old one is dead for good).
+            log.warning("heartbeat could not reach the database",
+                        extra={"stage_id": self.stage_id, "error": f"{type(exc).__name__}: {exc}"})
+            reset_connection()
 
 
 # The key a stage's result carries when the stage stopped the job, with the reason.
@@ -162,6 +190,7 @@ class Verdict(enum.Enum):
     TRANSIENT = "transient"
     FAILED = "failed"
     LEASE_LOST = "lease_lost"
+    TIMED_OUT = "timed_out"
 
 
 @dataclass
@@ -176,8 +205,11 @@ def orchestrate(
     *,
     owner: str | None = None,
     max_stages: int | None = None,
+    time_limit: TimeLimit | None = None,
 ) -> Outcome:
-    """One pass over the job's stages; see the module docstring."""
+    """One pass over the job's stages; see the module docstring. With `time_limit` (the
+    synchronous `diagnose`), a stage not started by the deadline is not started and one
+    running at the deadline is stopped; the job then fails saying so."""
     owner = owner or worker_identity()
     job = DiagnosticJob.objects.select_related("lab", "config").filter(pk=job_id).first()
     if job is None:
@@ -188,6 +220,8 @@ def orchestrate(
         return Outcome(Next.FINISHED, message=f"job already {job.status}")
     if job.cancel_requested:
         return _cancel(job)
+    if time_limit is not None and time_limit.reached:
+        return _stop(job, JobStatus.FAILED, time_limit.reason("before the job could go on"))
     if not leases.acquire_lab(job, owner=owner, lease_s=settings.DIAG_LAB_LEASE_S):
         holder = leases.lab_holder(job.lab)
         return Outcome(
@@ -213,6 +247,8 @@ def orchestrate(
                 return _cancel(job)
             if max_stages is not None and ran >= max_stages:
                 return Outcome(Next.MORE)
+            if time_limit is not None and time_limit.reached:
+                return _stop(job, JobStatus.FAILED, time_limit.reason(f"before {stage.name} started"))
             spec = lookup(stage.name)
             stopped = _stop_reason(job)
             if stopped is not None and not (spec is not None and spec.after_stop):
@@ -233,7 +269,7 @@ def orchestrate(
                     return _stop(job, JobStatus.FAILED, f"{stage.name}: {stage.status_message}")
                 continue
             ran += 1
-            end = _run_claimed(job, stage, spec, owner, access)
+            end = _run_claimed(job, stage, spec, owner, access, time_limit)
             if end.verdict is Verdict.SUCCEEDED:
                 continue
             if end.verdict is Verdict.LEASE_LOST:
@@ -245,6 +281,8 @@ def orchestrate(
                 continue
             if end.verdict is Verdict.CANCELLED:
                 return _cancel(job)
+            if end.verdict is Verdict.TIMED_OUT:
+                return _stop(job, JobStatus.FAILED, end.message)
             if end.verdict is Verdict.TRANSIENT:
                 countdown = retry_countdown(stage.attempts)
                 # The job keeps the lab while it waits to retry, and the reaper leaves it be.
@@ -259,9 +297,12 @@ def orchestrate(
 
 
 def _run_claimed(
-    job: DiagnosticJob, stage: StageRun, spec: Stage | None, owner: str, access: LabAccess
+    job: DiagnosticJob, stage: StageRun, spec: Stage | None, owner: str, access: LabAccess,
+    time_limit: TimeLimit | None = None,
 ) -> StageEnd:
-    """Run a stage this worker has claimed and record how it ended."""
+    """Run a stage this worker has claimed and record how it ended. The records after the
+    run are written through a database outage (faults.through_outage): a stage that did
+    its work keeps it across a restart."""
     log_extra = {"job": str(job.pk), "stage": stage.name, "attempt": stage.attempts, "owner": owner}
     if spec is None:
         message = (
@@ -281,6 +322,8 @@ def _run_claimed(
     result: dict[str, Any] = {}
     verdict = Verdict.SUCCEEDED
     message = ""
+    timed_out = threading.Event()
+    watchdog = _watchdog(time_limit, ctx.cancel_event, timed_out)
     with Heartbeat(stage_id=stage.pk, job_id=str(job.pk), owner=owner, cancel=ctx.cancel_event) as beat:
         try:
             result = spec.run(ctx)
@@ -289,33 +332,46 @@ def _run_claimed(
         except StageCancelled as exc:
             verdict, message = Verdict.CANCELLED, str(exc)
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}"
-            verdict = Verdict.TRANSIENT if is_transient(exc) else Verdict.FAILED
+            fault = classify(exc)
+            message = f"{fault.kind}: {fault.reason}" if fault.kind != "error" else fault.reason
+            verdict = Verdict.TRANSIENT if fault.transient else Verdict.FAILED
             ctx.attach("error", traceback.format_exc())
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
     lab_seconds = access.lab_seconds_since(wall_start)
     if beat.lost.is_set():
         log.warning("stage lease was lost while running; result discarded", extra=log_extra)
         return StageEnd(Verdict.LEASE_LOST, f"lease of {stage.name} was taken over")
-    if verdict is Verdict.CANCELLED and not _cancel_requested(job):
+    if timed_out.is_set() and time_limit is not None and verdict is not Verdict.SUCCEEDED:
+        message = time_limit.reason(f"during {stage.name}; the stage was stopped")
+        through_outage(lambda: StageRun.objects.filter(pk=stage.pk, lease_owner=owner).update(
+            log=ctx.log_text, lab_seconds=lab_seconds), "stage log")
+        through_outage(lambda: leases.end_stage(
+            stage.pk, owner=owner, status=StageStatus.FAILED, message=message, error=message), "stage end")
+        return StageEnd(Verdict.TIMED_OUT, message)
+    if verdict is Verdict.CANCELLED and not through_outage(lambda: _cancel_requested(job), "cancel check"):
         verdict = Verdict.FAILED  # a stage raising StageCancelled on its own is a bug
 
     if verdict is Verdict.STOP_JOB:
         result = {**result, STOPPED_JOB: message}
     if verdict in (Verdict.SUCCEEDED, Verdict.STOP_JOB):
-        if not _complete(ctx, result, lab_seconds, message):
+        if not through_outage(lambda: _complete(ctx, result, lab_seconds, message), "stage completion"):
             return StageEnd(Verdict.LEASE_LOST, f"lease of {stage.name} was taken over")
         log.info("stage succeeded", extra={**log_extra, "lab_seconds": round(lab_seconds, 3)})
         return StageEnd(verdict, message)
 
-    StageRun.objects.filter(pk=stage.pk, lease_owner=owner).update(log=ctx.log_text, lab_seconds=lab_seconds)
+    through_outage(lambda: StageRun.objects.filter(pk=stage.pk, lease_owner=owner).update(
+        log=ctx.log_text, lab_seconds=lab_seconds), "stage log")
     if verdict is Verdict.CANCELLED:
-        leases.end_stage(stage.pk, owner=owner, status=StageStatus.CANCELLED,
-                         message="cancelled while running")
+        through_outage(lambda: leases.end_stage(stage.pk, owner=owner, status=StageStatus.CANCELLED,
+                                                message="cancelled while running"), "stage end")
         return StageEnd(verdict, message)
     if verdict is Verdict.TRANSIENT and stage.attempts < settings.DIAG_MAX_STAGE_ATTEMPTS:
         countdown = retry_countdown(stage.attempts)
-        leases.release_stage(stage.pk, owner=owner, error=f"attempt {stage.attempts}: {message}")
-        log.warning("stage hit a transient lab error; will retry",
+        through_outage(lambda: leases.release_stage(
+            stage.pk, owner=owner, error=f"attempt {stage.attempts}: {message}"), "stage release")
+        log.warning("stage hit a transient fault; will retry",
                     extra={**log_extra, "error": message, "countdown_s": countdown})
         return StageEnd(verdict, message)
     if verdict is Verdict.TRANSIENT:
@@ -323,13 +379,32 @@ def _run_claimed(
             f"quarantined after {stage.attempts} attempts (limit {settings.DIAG_MAX_STAGE_ATTEMPTS}); "
             f"not retried again. Last error: {message}"
         )
-        leases.end_stage(stage.pk, owner=owner, status=StageStatus.QUARANTINED,
-                         message=quarantine, error=message)
+        through_outage(lambda: leases.end_stage(stage.pk, owner=owner, status=StageStatus.QUARANTINED,
+                                                message=quarantine, error=message), "stage end")
         log.error("stage quarantined", extra={**log_extra, "error": message})
         return StageEnd(Verdict.FAILED, quarantine)
-    leases.end_stage(stage.pk, owner=owner, status=StageStatus.FAILED, message=message, error=message)
+    through_outage(lambda: leases.end_stage(
+        stage.pk, owner=owner, status=StageStatus.FAILED, message=message, error=message), "stage end")
     log.error("stage failed", extra={**log_extra, "error": message})
     return StageEnd(Verdict.FAILED, message)
+
+
+def _watchdog(
+    time_limit: TimeLimit | None, cancel: threading.Event, timed_out: threading.Event
+) -> threading.Timer | None:
+    """A timer that stops the stage (through its cancel event, which `check_cancelled` and
+    the session's long waits look at) when the run's time limit is reached."""
+    if time_limit is None:
+        return None
+
+    def expire() -> None:
+        timed_out.set()
+        cancel.set()
+
+    timer = threading.Timer(max(0.0, time_limit.remaining), expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _complete(ctx: StageContext, result: dict[str, Any], lab_seconds: float, message: str) -> bool:
@@ -351,7 +426,12 @@ def _complete(ctx: StageContext, result: dict[str, Any], lab_seconds: float, mes
             lease_expires_at=None,
         )
         if changed != 1:
-            return False
+            # A retry after the database went away at the commit: the first try may have
+            # landed. Succeeded at this very attempt means it did (a takeover would have
+            # counted another attempt).
+            return StageRun.objects.filter(
+                pk=stage.pk, status=StageStatus.SUCCEEDED, attempts=stage.attempts
+            ).exists()
         Finding.objects.bulk_create(
             Finding(job=ctx.job, stage=stage, code=f.code, title=f.title, blocking=f.blocking,
                     evidence=f.evidence, change=f.change, impact=f.impact)
@@ -448,12 +528,32 @@ def run_until_done(
     max_stages: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
     on_step: Callable[[Outcome], None] | None = None,
+    time_limit_s: float | None = None,
 ) -> DiagnosticJob:
-    """Run the job to its end in this process, waiting out retries and a busy lab.
-    `on_step` hears every pass's outcome (with `max_stages=1`, every stage)."""
+    """Run the job to its end in this process, waiting out retries, a busy lab and a
+    database that is briefly away (up to DIAG_DB_OUTAGE_S at a time). `on_step` hears every
+    pass's outcome (with `max_stages=1`, every stage). `time_limit_s` bounds the whole run:
+    no wait outlasts it, and the job fails saying so when it is reached."""
     owner = owner or worker_identity()
+    limit = TimeLimit.starting_now(time_limit_s) if time_limit_s is not None else None
+    outage_since: float | None = None
     while True:
-        outcome = orchestrate(job_id, session_factory, owner=owner, max_stages=max_stages)
+        try:
+            outcome = orchestrate(job_id, session_factory, owner=owner, max_stages=max_stages,
+                                  time_limit=limit)
+        except DATABASE_CONNECTION_ERRORS as exc:
+            # Between stages nothing is lost by waiting: the stage records are written
+            # through outages, and a pass only reads and claims.
+            now = time.monotonic()
+            outage_since = outage_since if outage_since is not None else now
+            if now - outage_since > float(settings.DIAG_DB_OUTAGE_S):
+                raise
+            log.warning("database unreachable between stages; waiting",
+                        extra={"job": job_id, "error": f"{type(exc).__name__}: {exc}"})
+            reset_connection()
+            sleep(1.0)
+            continue
+        outage_since = None
         if on_step is not None:
             on_step(outcome)
         if outcome.next is Next.FINISHED:
@@ -463,6 +563,9 @@ def run_until_done(
         # Retries wait their countdown; a stage held elsewhere is looked at again after a
         # heartbeat, by when its lease has been renewed or has started to lapse.
         wait = outcome.countdown if outcome.next is not Next.ELSEWHERE else float(settings.DIAG_HEARTBEAT_S)
+        if limit is not None:
+            # Wake at the limit rather than after it; the next pass then ends the job.
+            wait = max(0.0, min(wait, limit.remaining))
         log.info("waiting", extra={"job": job_id, "reason": outcome.next.value,
                                    "detail": outcome.message, "seconds": wait})
         sleep(wait)

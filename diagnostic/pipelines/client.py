@@ -24,11 +24,30 @@ from urllib.parse import urlsplit
 import httpx
 
 API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# Wall seconds one streamed request may take when the caller sets no deadline of its own.
+# SSE keepalive comments reset the read timeout, so without a deadline a server that only
+# sends keepalives would hold the run (and the stage) open for ever. Generous: 512 tokens
+# at a few tokens a second fit many times over.
+DEFAULT_REQUEST_DEADLINE_S = 900.0
 _EOL = re.compile(r"\r\n|\r|\n")  # the only line ends SSE knows
 
 
 class EndpointError(RuntimeError):
-    """The endpoint could not be reached or answered with an error; the message says which."""
+    """The endpoint could not be reached or answered with an error; the message says which.
+
+    `status` is the HTTP status of an error answer. `transient` says whether another try
+    may go otherwise: a dropped or refused connection, a timeout, a 5xx or 429 answer may;
+    a 4xx answer or an answer the client cannot read would come out the same again."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def transient(self) -> bool:
+        if self.status is not None:
+            return self.status >= 500 or self.status == 429
+        return isinstance(self.__cause__, httpx.TransportError)
 
 
 @dataclass
@@ -185,14 +204,20 @@ class StreamClient:
         api: str = "chat",
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 300.0,
+        deadline_s: float | None = DEFAULT_REQUEST_DEADLINE_S,
         clock: Callable[[], float] = time.monotonic,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         if api not in API_PATHS:
             raise ValueError(f"api: {api!r} is not one of {sorted(API_PATHS)}")
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError(f"deadline_s: must be positive, got {deadline_s}")
         self.base = normalize_endpoint(endpoint)
         self.api = api
         self.clock = clock
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.deadline_s = deadline_s
         self._http = httpx.Client(
             base_url=self.base,
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
@@ -224,7 +249,8 @@ class StreamClient:
             raise EndpointError(f"cannot reach {self.base}{path}: {_describe(exc)}") from exc
         if response.status_code != 200:
             raise EndpointError(
-                f"{self.base}{path} answered HTTP {response.status_code}: {response.text[:200]}"
+                f"{self.base}{path} answered HTTP {response.status_code}: {response.text[:200]}",
+                status=response.status_code,
             )
         try:
             return response.json()
@@ -249,32 +275,45 @@ class StreamClient:
         params: Mapping[str, Any],
         deadline_s: float | None = None,
     ) -> StreamRun:
-        """Send one streaming request and read it to the end (or to `deadline_s` wall seconds).
+        """Send one streaming request and read it to the end (or to `deadline_s` wall seconds,
+        the client's own deadline when None).
 
         A run past its deadline is abandoned: the client closes the connection, as an
-        impatient user would, and the run says so.
+        impatient user would, and the run says so. The deadline holds whatever arrives:
+        each chunk (keepalive comments too) is checked against it, and no read waits longer
+        than the deadline, so a silent server is abandoned within twice the deadline.
         """
         body = self.request_body(prompt, model, params)
         parser = SSEParser()
         run = StreamRun(prompt=prompt, sent=self.clock())
+        deadline = deadline_s if deadline_s is not None else self.deadline_s
+        read_s = self.read_timeout_s if deadline is None else min(self.read_timeout_s, deadline)
+        timeout = httpx.Timeout(read_s, connect=self.connect_timeout_s)
         try:
-            with self._http.stream("POST", API_PATHS[self.api], json=body) as response:
+            with self._http.stream("POST", API_PATHS[self.api], json=body, timeout=timeout) as response:
                 if response.status_code != 200:
                     response.read()
                     raise EndpointError(
                         f"{self.base}{API_PATHS[self.api]} answered HTTP {response.status_code}: "
-                        f"{response.text[:300]}"
+                        f"{response.text[:300]}",
+                        status=response.status_code,
                     )
                 for text in response.iter_text():
                     now = self.clock()
                     finished = self._consume(run, parser.feed(text), now)
                     if finished:
                         break
-                    if deadline_s is not None and now - run.sent > deadline_s:
+                    if deadline is not None and now - run.sent > deadline:
                         run.abandoned = True
                         break
                 else:
                     self._consume(run, parser.close(), self.clock())
+        except httpx.ReadTimeout as exc:
+            if deadline is None or self.clock() - run.sent < deadline:
+                raise EndpointError(
+                    f"streaming from {self.base}{API_PATHS[self.api]} failed: {_describe(exc)}"
+                ) from exc
+            run.abandoned = True  # silent past the deadline: given up, as a user would
         except httpx.HTTPError as exc:
             raise EndpointError(
                 f"streaming from {self.base}{API_PATHS[self.api]} failed: {_describe(exc)}"

@@ -2,11 +2,13 @@
 DIR/findings.json.
 
     python manage.py diagnose --config FILE --lab sim:SCENARIO.yaml --out DIR
-        [--stages a,b] [--seed N] [--queue]
+        [--stages a,b] [--seed N] [--queue] [--time-limit-s S]
 
 `--lab sim:FILE` starts the simulated lab for the run and stops it afterwards;
 `--lab inventory:FILE` uses a real (or separately served) lab. Without `--queue` the
 job runs in this process; with it, Celery workers run it and this command waits.
+`--time-limit-s` (default DIAG_DIAGNOSE_TIME_LIMIT_S) bounds the whole run: a stage still
+running then is stopped and the job fails saying the limit was reached.
 Log records go to DIR/diagnose.log (and to stderr with -v 2), so that a failure ends
 with one clear line on stderr.
 """
@@ -73,6 +75,9 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=0, help="seed for the pipelines' sampling")
         parser.add_argument("--queue", action="store_true",
                             help="hand the job to Celery workers (needs CELERY_BROKER_URL) and wait")
+        parser.add_argument("--time-limit-s", type=float, default=None,
+                            help="give up after this many wall seconds (default: DIAG_DIAGNOSE_TIME_LIMIT_S, "
+                                 f"{settings.DIAG_DIAGNOSE_TIME_LIMIT_S} s)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         out: Path = options["out"]
@@ -82,6 +87,10 @@ class Command(BaseCommand):
             raise CommandError(f"--out {out}: cannot create the directory ({exc.strerror})") from exc
         if options["seed"] < 0:
             raise CommandError(f"--seed must be 0 or more, got {options['seed']}")
+        limit = options["time_limit_s"]
+        limit = float(settings.DIAG_DIAGNOSE_TIME_LIMIT_S if limit is None else limit)
+        if not limit > 0 or limit == float("inf"):
+            raise CommandError(f"--time-limit-s must be a positive number of seconds, got {limit:g}")
         if options["queue"] and settings.CELERY_TASK_ALWAYS_EAGER:
             raise CommandError(
                 "--queue needs CELERY_BROKER_URL (e.g. redis://127.0.0.1:6379/0) and a running "
@@ -92,7 +101,8 @@ class Command(BaseCommand):
             try:
                 config = self._configuration(options["config"])
                 lab = self._lab(options["lab"], stack)
-                job = self._run(config, lab, stages, options["seed"], queue=options["queue"])
+                job = self._run(config, lab, stages, options["seed"], queue=options["queue"],
+                                time_limit_s=limit)
             except (ConfigError, InventoryError, ScenarioError, UnknownStage, LabError) as exc:
                 raise CommandError(str(exc)) from exc
             except KeyboardInterrupt:
@@ -144,7 +154,8 @@ class Command(BaseCommand):
 
     # -- running -------------------------------------------------------------------------
     def _run(
-        self, config: ClusterConfiguration, lab: Lab, stages: list[str] | None, seed: int, *, queue: bool
+        self, config: ClusterConfiguration, lab: Lab, stages: list[str] | None, seed: int, *, queue: bool,
+        time_limit_s: float,
     ) -> DiagnosticJob:
         printed: dict[str, str] = {}
         if queue:
@@ -152,11 +163,20 @@ class Command(BaseCommand):
                 job = create_job(config=config, lab=lab, stages=stages, seed=seed)
                 enqueue_job(job)
             self.stdout.write(f"job {job.pk} queued on {lab.name}")
+            deadline = time.monotonic() + time_limit_s
             try:
                 while not job.is_terminal:
                     time.sleep(QUEUE_POLL_S)
                     job.refresh_from_db()
                     self._report_stages(job, printed)
+                    if time.monotonic() > deadline:
+                        # The workers stop the stage at their next heartbeat; the job is
+                        # theirs to end, so this command stops waiting and says so.
+                        job.request_cancel()
+                        raise CommandError(
+                            f"job {job.pk}: the time limit of {time_limit_s:g} s was reached; "
+                            "the job was asked to cancel"
+                        )
             except KeyboardInterrupt:
                 job.request_cancel()
                 raise
@@ -173,7 +193,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"  waiting: {outcome.message}{wait}")
 
         try:
-            return run_until_done(str(job.pk), open_lab_session, max_stages=1, on_step=on_step)
+            return run_until_done(str(job.pk), open_lab_session, max_stages=1, on_step=on_step,
+                                  time_limit_s=time_limit_s)
         except KeyboardInterrupt:
             job.request_cancel()
             raise

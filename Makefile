@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install lint test demo bench bench-sim bench-measure bench-report clean
+.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,7 +29,7 @@ demo: install
 	$(PY) manage.py diagnose --config examples/configs/kimi-k2-8spark-outofbox.yaml \
 		--lab sim:lab/scenarios/reference-kimi-k2-8spark.yaml --out out/demo
 
-bench: bench-sim bench-measure bench-report
+bench: bench-sim bench-measure bench-report bench-triage bench-fp4
 
 bench-sim: install
 	$(PY) benchmarks/bench_sim.py
@@ -39,6 +39,12 @@ bench-measure: install
 
 bench-report: install
 	$(PY) benchmarks/bench_report.py
+
+bench-triage: install
+	$(PY) benchmarks/bench_triage.py
+
+bench-fp4: install
+	$(PY) benchmarks/bench_fp4.py
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

@@ -44,17 +44,36 @@ class Fix:
     note: str = ""
     # Further candidates to try if the engine refuses this one at launch.
     alternatives: list[Fix] = field(default_factory=list)
+    # What the change does to the launch on this lab (the engine's own flags and the
+    # environment it renders), filled in once the change is launched.
+    flags: list[str] = field(default_factory=list)
+    env: dict[str, str | None] = field(default_factory=dict)
 
     def finding_change(self) -> dict[str, Any]:
         """The `change` mapping a finding carries."""
         config = {c["path"]: {"from": c["from"], "to": c["to"]} for c in self.changes}
         out: dict[str, Any] = {"config": config}
+        if self.flags:
+            out["flags"] = list(self.flags)
         env = {c["path"].split(".", 1)[1]: c["to"] for c in self.changes if c["path"].startswith("env.")}
+        env.update(self.env)
         if env:
             out["env"] = env
         if self.note:
             out["note"] = self.note
         return out
+
+
+def launch_difference(before: Mapping[str, Any],
+                      after: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The arguments `after`'s launch spec adds to `before`'s, and the variables it sets
+    differently (None: removed)."""
+    old_argv = list(before.get("argv") or [])
+    flags = [tok for tok in after.get("argv") or [] if tok not in old_argv]
+    old_env, new_env = dict(before.get("env") or {}), dict(after.get("env") or {})
+    env: dict[str, Any] = {k: v for k, v in new_env.items() if old_env.get(k) != v}
+    env.update({k: None for k in old_env if k not in new_env})
+    return flags, env
 
 
 def nic_roles(facts: Mapping[str, Any]) -> NicRoles:

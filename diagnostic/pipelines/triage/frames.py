@@ -151,13 +151,17 @@ def summarize(win: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def trace(win: pd.DataFrame, start: float) -> dict[str, list[float | None]]:
-    """A window as the report plots it: `t_s` seconds into the stall and one list per signal."""
-    out: dict[str, list[float | None]] = {"t_s": [float(t - int(np.floor(start))) for t in win.index]}
+def trace(win: pd.DataFrame, start: float) -> dict[str, list[float]]:
+    """A window as the report plots it: `t_s` seconds into the stall for each sampled second,
+    and one list per signal. Seconds the sampler missed are left out (their absence is
+    the coverage figure's to tell), and so is a signal the node did not report."""
+    sampled = win[win["cpu_user_pct"].notna()]
+    out: dict[str, list[float]] = {"t_s": [float(t - int(np.floor(start))) for t in sampled.index]}
     for column in ("disk_read_mbps", "page_cache_gib", "cpu_user_pct", "cpu_system_pct", "compilers",
                    "gpu_util_pct", "data_nic_mbps", "mgmt_nic_mbps"):
-        values = win[column]
-        out[column] = [None if pd.isna(v) else round(float(v), 2) for v in values]
+        values = sampled[column]
+        if len(values) and values.notna().all():
+            out[column] = [round(float(v), 2) for v in values]
     return out
 
 

@@ -20,7 +20,7 @@ from diagnostic.pipelines.changes import Change, apply_changes
 from diagnostic.pipelines.triage import coldstart as cs
 from diagnostic.pipelines.triage import frames as fr
 from diagnostic.pipelines.triage import section as rp
-from diagnostic.pipelines.triage.fixes import Fix, FixUnavailable, derive
+from diagnostic.pipelines.triage.fixes import Fix, FixUnavailable, derive, launch_difference
 from diagnostic.pipelines.triage.signatures import FAULTS, JIT_COMPILE
 from lab.session import LabSession, LaunchFailed
 
@@ -223,8 +223,10 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
 
 def _try_fix(triage: Triage, fix: Fix, cause: str) -> tuple[Fix, cs.ColdStart] | None:
     """The fix's cold start alone; when the engine refuses the change, the next candidate."""
+    head = triage.session.specs_for(triage.config)[0]
     for candidate in [fix, *fix.alternatives]:
         variant = apply_changes(triage.config, candidate.changes)
+        candidate.flags, candidate.env = launch_difference(head, triage.session.specs_for(variant)[0])
         try:
             return candidate, triage.cold_start(variant, candidate.label)
         except LaunchFailed as exc:

@@ -1,6 +1,24 @@
 """The triage's findings.json `cold_start` section and its findings, from the observed
 cold starts: before and after, the phases, the waterfall of proving runs, the stalls with
 their telemetry, and one finding per cause carrying the figures that decided it.
+
+The section's fields (lab seconds throughout):
+
+- `before_s`, `after_s`: the customer's true cold start and ours (all proved changes);
+  `root_causes`: the fault codes the customer's start showed; `proved`: those whose
+  change removed the signature and the seconds.
+- `phases[]`: {run: before|after, node, phase, start_s, end_s}, seconds since the launch.
+- `waterfall[]`: {step, mode: baseline|alone|all, fixes (the code, or codes joined by ", "
+  for `all`), changes (config changes), n (1), cold_start_s, lab_s, signatures (fault
+  codes seen in that start), delta_s (against the baseline), signature_gone (alone steps)}.
+- `stalls[]`: {run, node (the one whose telemetry is kept), nodes, cause (a fault code,
+  `unexplained` or `evidence_incomplete`), start_s, end_s, silent_s, phase, decided_by,
+  summary, telemetry {t_s, disk_read_mbps, page_cache_gib, cpu_user_pct, cpu_system_pct,
+  compilers, gpu_util_pct, data_nic_mbps, mgmt_nic_mbps}, late_node, bootstrap_retries,
+  evidence_incomplete {node: why}, why_not}; `unexplained[]`: the customer's stalls that
+  were not attributed; `quiet_work[]`: silences with the GPU busy (graph capture), no fault.
+- `notes[]` (e.g. the one-time compile of a kept JIT cache), `lab_time_s`, `steps[]` (lab
+  seconds per step, JIT-cache warm-ups, skipped runs), `telemetry_csv` (the file name).
 """
 
 from __future__ import annotations
@@ -214,9 +232,11 @@ def build_result(before: ColdStart, after: ColdStart, runs: Sequence[tuple[str, 
     phases = [p for tl in before.timelines.values() for p in relative_phases(tl, "before", before.origin)]
     if after is not before:
         phases += [p for tl in after.timelines.values() for p in relative_phases(tl, "after", after.origin)]
+    # The customer's stalls, and any left in our start; each proving run's signatures are
+    # in its waterfall step.
     stalls = [stall_entry(before, g, "before") for g in before.stalls if g.cause != GPU_WORK]
-    for _, _, start in runs:
-        stalls += [stall_entry(start, g, start.run) for g in start.stalls if g.cause != GPU_WORK]
+    if after is not before:
+        stalls += [stall_entry(after, g, "after") for g in after.stalls if g.cause != GPU_WORK]
     quiet = [{"run": "before", "nodes": sorted(g.members), "start_s": g.start_s, "end_s": g.end_s,
               "silent_s": round(g.silent_s, 1), "phase": _phase_at(before, g.representative,
                                                                     g.members[g.representative][0]),

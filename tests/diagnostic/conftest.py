@@ -7,7 +7,7 @@ visitor, each with a test client already logged in as them.
 
 Services-tier tests need PostgreSQL (DATABASE_URL) and, some of them, Redis
 (CELERY_BROKER_URL). When those are not configured the tests skip and say why; with
-REQUIRE_SERVICES=1 (CI) they fail instead.
+REQUIRE_SERVICES on (CI) they fail instead (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import ClusterConfiguration, Customer, Lab, LabDay, Organisation
 from diagnostic.jobs.models import DiagnosticJob
 from diagnostic.jobs.orchestration import create_job
+from tests.conftest import service_missing
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_CONFIG = REPO / "examples" / "configs" / "kimi-k2-8spark-outofbox.yaml"
@@ -34,9 +35,7 @@ REFERENCE_SCENARIO = REPO / "lab" / "scenarios" / "reference-kimi-k2-8spark.yaml
 
 
 def _service_missing(reason: str) -> None:
-    if os.environ.get("REQUIRE_SERVICES") == "1":
-        pytest.fail(f"REQUIRE_SERVICES=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
+    service_missing(reason)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from lab.inventory import Inventory, parse_inventory
+from tests.conftest import service_missing
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -129,9 +130,7 @@ class Sshd:
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[Sshd]:
     if not Path(SSHD).exists():
-        if os.environ.get("REQUIRE_SERVICES") == "1":
-            pytest.fail("sshd (Debian's openssh-server) is required here but not installed")
-        pytest.skip("sshd (openssh-server) not installed")
+        service_missing("sshd (Debian's openssh-server) is not installed")
     root = tmp_path / "sshd"
     root.mkdir()
     (root / "bin").mkdir()

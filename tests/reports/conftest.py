@@ -12,7 +12,6 @@ test database is created, so that its migration runs.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from django.conf import settings
 from reports.content import ReportContent, build_report
 from reports.moneyback import assess
 from reports.report import RenderedReport, render
+from tests.conftest import service_missing
 from tests.reports.reference_story import reference_findings
 
 if "reports" not in settings.INSTALLED_APPS:
@@ -42,10 +42,7 @@ def require_tool(name: str) -> str:
     """A command-line tool the test needs; missing, it skips (or fails with REQUIRE_SERVICES=1)."""
     path = shutil.which(name)
     if path is None:
-        message = f"{name} (Debian's poppler-utils) is not installed"
-        if os.environ.get("REQUIRE_SERVICES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        service_missing(f"{name} (Debian's poppler-utils) is not installed")
     return path
 
 

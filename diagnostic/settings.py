@@ -267,6 +267,9 @@ DIAG_HOUSE_ORGANISATION = envstr("DIAG_HOUSE_ORGANISATION", "In-house diagnostic
 # (on by default only with DEBUG, for the demo) releases each version as it is written.
 BOOKING_CHANGE_CUTOFF_H = envint("BOOKING_CHANGE_CUTOFF_H", 48, minimum=0)
 PORTAL_AUTO_APPROVE = envbool("PORTAL_AUTO_APPROVE", DEBUG)
+# The stages a portal job runs, in registry order (empty: all). The required ones
+# (preflight, reproduce, report) always run.
+PORTAL_JOB_STAGES = envlist("PORTAL_JOB_STAGES", [])
 PORTAL_CALENDAR_DAYS = envint("PORTAL_CALENDAR_DAYS", 56, minimum=7)
 # The job page asks for fresh stage states this often (milliseconds).
 PORTAL_POLL_MS = envint("PORTAL_POLL_MS", 3000, minimum=2000, maximum=5000)

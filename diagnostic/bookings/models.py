@@ -199,8 +199,9 @@ class Booking(models.Model):
     exists per day; the database enforces it, so concurrent requests cannot both win."""
 
     class Status(models.TextChoices):
-        REQUESTED = "requested", "requested"
-        CONFIRMED = "confirmed", "confirmed"
+        # The day is held for the customer; "confirmed" once their configuration is in.
+        REQUESTED = "requested", "booked"
+        CONFIRMED = "confirmed", "configuration received"
         COMPLETED = "completed", "completed"
         CANCELLED = "cancelled", "cancelled"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -66,7 +67,11 @@ def book(request: HttpRequest) -> HttpResponse:
                     request, f"Booked {lab_day.date:%A %d %B %Y}. Next: submit your configuration."
                 )
                 return redirect("portal:booking", booking_id=booking.uuid)
-    context = {"weeks": lab_calendar(organisation), "problem": problem}
+    context = {
+        "weeks": lab_calendar(organisation),
+        "problem": problem,
+        "cutoff_h": settings.BOOKING_CHANGE_CUTOFF_H,
+    }
     return render(request, "portal/book.html", context, status=status)
 
 

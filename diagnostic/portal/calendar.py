@@ -16,7 +16,8 @@ from diagnostic.bookings.models import Booking, LabDay, Organisation
 class CalendarDay:
     date: dt.date
     lab_day: LabDay | None
-    state: str  # "available", "booked", "yours", "closed", "none" (no lab day that date)
+    # "available", "booked", "yours", "closed", "soon" (inside the cutoff), "none" (no lab day)
+    state: str
 
     @property
     def bookable(self) -> bool:
@@ -54,8 +55,10 @@ def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) ->
             state = "none"
         elif date in active:
             state = "yours" if active[date] == organisation.pk else "booked"
-        elif lab_day.closed or date < first:
+        elif lab_day.closed:
             state = "closed"
+        elif date < first:
+            state = "soon"  # inside the change cutoff: too late to book online
         else:
             state = "available"
         if date.weekday() == 0:

@@ -4,8 +4,10 @@ that creates the job. Every error is shown beside its input and the input is kep
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -81,6 +83,24 @@ def _form_rows(values: dict[str, str], errors: dict[str, list[str]]) -> list[dic
     return rows
 
 
+QUOTED = re.compile(r"'([^'\n]{1,200})'")
+
+
+def token_in_command(command: str, messages: list[str]) -> dict[str, str] | None:
+    """The line of the pasted command holding the token an error quotes, split around it,
+    so the page can mark the token where the customer wrote it."""
+    for message in messages:
+        for token in QUOTED.findall(message):
+            at = command.find(token)
+            if at < 0:
+                continue
+            start = command.rfind("\n", 0, at) + 1
+            end = command.find("\n", at)
+            end = len(command) if end < 0 else end
+            return {"before": command[start:at], "token": token, "after": command[at + len(token) : end]}
+    return None
+
+
 def _page(
     request: HttpRequest,
     booking: Booking,
@@ -95,6 +115,7 @@ def _page(
         "source": values.get("source", Source.COMMAND),
         "form_rows": _form_rows(values, errors),
         "non_field_errors": errors.get(NON_FIELD, []),
+        "command_mark": token_in_command(values.get("command", ""), errors.get("command", [])),
     }
     return render(request, "portal/config.html", context, status=status)
 
@@ -150,10 +171,16 @@ def _confirm(request: HttpRequest, booking: Booking, submission: Submission) -> 
             )
         except ValidationError as exc:
             return _page(request, booking, _kept(request), {NON_FIELD: list(exc.messages)}, status=400)
-        job = create_job(config=config, lab=locked.lab_day.lab, booking=locked, created_by=request.user)
+        job = create_job(
+            config=config,
+            lab=locked.lab_day.lab,
+            booking=locked,
+            created_by=request.user,
+            stages=settings.PORTAL_JOB_STAGES or None,
+        )
         if locked.status == Booking.Status.REQUESTED:
             locked.status = Booking.Status.CONFIRMED
             locked.save(update_fields=["status", "updated_at"])
         start_job(job)
-    messages.success(request, "Configuration confirmed; the diagnostic is queued for your lab day.")
+    messages.success(request, "Configuration confirmed; the diagnostic is queued. This page follows it.")
     return redirect("portal:job", job_id=job.pk)

@@ -24,6 +24,20 @@ STAGE_WORDS = {
 }
 
 
+def lab_duration(seconds: float | None) -> str:
+    """Lab time as people say it: 14 s, 10 min 5 s, 1 h 20 min."""
+    if seconds is None:
+        return "—"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
 def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
@@ -45,8 +59,12 @@ def _stage_context(job: DiagnosticJob) -> dict[str, Any]:
             "name": s.name,
             "state": STAGE_WORDS.get(s.status, s.status),
             "status": s.status,
-            "lab_seconds": s.lab_seconds,
-            "summary": s.status_message if s.is_done else (s.progress_message or s.status_message),
+            "lab_time": lab_duration(s.lab_seconds),
+            # A stage's last word: while it runs, its progress; once done, its outcome when
+            # it set one, else its last progress line.
+            "summary": (s.status_message or s.progress_message)
+            if s.is_done
+            else (s.progress_message or s.status_message),
             "progress": s.progress_percent,
         }
         for s in stages
@@ -55,7 +73,7 @@ def _stage_context(job: DiagnosticJob) -> dict[str, Any]:
     return {
         "job": job,
         "stages": rows,
-        "lab_total": total,
+        "lab_total": lab_duration(total) if total else "",
         "stopped_by": _stopped_by(job, stages) if job.is_terminal else None,
         "poll_ms": 0 if job.is_terminal else settings.PORTAL_POLL_MS,
     }

@@ -153,3 +153,15 @@ def test_a_cancelled_booking_takes_no_configuration(cast: Cast, booking: Booking
     booking.save()
     response = post(cast, booking, {"source": "command", "command": COMMAND, "action": "confirm"})
     assert response.status_code == 302 and not DiagnosticJob.objects.exists()
+
+
+def test_the_page_marks_the_token_where_the_customer_wrote_it(cast: Cast, booking: Booking) -> None:
+    bad = (
+        "vllm serve /models/kimi-k2 \\\n  --tensor-parallel-size 8 --no-such-flag \\\n  --max-model-len 1024"
+    )
+    page = post(cast, booking, {"source": "command", "command": bad, "action": "preview"}).content.decode()
+    assert (
+        '<pre class="code marked" id="command-mark">'
+        "  --tensor-parallel-size 8 <mark>--no-such-flag</mark> \\</pre>"
+        in page
+    )

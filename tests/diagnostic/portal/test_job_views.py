@@ -12,6 +12,7 @@ import yaml
 
 from diagnostic.bookings.models import LabDay, book_lab_day
 from diagnostic.jobs.models import DiagnosticJob, Finding, ReportVersion, StageRun, record_report_version
+from diagnostic.portal.job_views import lab_duration
 from tests.diagnostic.conftest import Cast
 from tests.diagnostic.portal.conftest import Owned, finished_job
 
@@ -24,7 +25,23 @@ def test_the_page_lists_every_stage_run_in_its_order(cast: Cast, alices: Owned) 
     names = [s.name for s in alices.job.stage_runs.order_by("order")]
     positions = [page.index(f'data-stage="{name}"') for name in names]
     assert positions == sorted(positions) and names[-1] == "zz-extra"
-    assert "12 s" in page and "an added stage" in page
+    timed = alices.job.stage_runs.exclude(lab_seconds=None).count()
+    assert "12 s" in page and "an added stage" in page and f"lab time {lab_duration(12.0 * timed)}" in page
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [
+        (None, "—"),
+        (14.4, "14 s"),
+        (600, "10 min"),
+        (691, "11 min 31 s"),
+        (4843.8, "1 h 20 min"),
+        (7200, "2 h"),
+    ],
+)
+def test_lab_time_reads_as_people_say_it(seconds: float | None, said: str) -> None:
+    assert lab_duration(seconds) == said
 
 
 def test_a_running_job_page_polls_and_a_finished_one_does_not(cast: Cast, alices: Owned) -> None:

@@ -3,11 +3,12 @@ workload and for the customer's mix, in bounded lab time (METHODOLOGY.md, "Specu
 decoding tuning").
 
 Every trial is a warm engine restart (page cache and JIT cache kept) of the configuration
-with one speculative setting, then a measurement of every workload. Screening trials are
-short (n = 5); the k-search (`search.py`) decides which lengths to screen; the finalists
-(each workload's best, the customer's setting, no speculation, and a close runner-up when
-the budget allows) are confirmed with fresh n = 15 runs; the decision (`decide.py`) reads
-only those. Lab time is the session's clock; the budget reserves what the confirmations
+with one speculative setting, then a measurement of every workload. The customer's setting
+and no speculation, which every decision needs, are confirmed first (n = 15); screening
+trials are short (n = 5) and the k-search (`search.py`) decides which lengths to screen;
+the finalists (each workload's best, and each workload's next best when the budget allows)
+are confirmed with fresh n = 15 runs; the decision (`decide.py`) reads confirmation runs
+only. Lab time is the session's clock; the budget reserves what the confirmations
 will cost, estimated from the restarts and runs measured so far.
 """
 
@@ -43,9 +44,11 @@ RESTART_TIMEOUT_LAB_S = 1800.0
 # After each workload the measurement waits for requests the server still runs; a couple
 # of lab seconds is enough for a single stream (the measure stage keeps its own figure).
 SETTLE_LAB_S = 2.0
-# A screening result within this fraction of a workload's best screened rate is confirmed
-# too when the budget allows: n = 5 cannot order settings that close.
-RUNNER_UP_MARGIN = 0.05
+# Each workload's best screened setting outside the finalists is confirmed too when it
+# screened within this fraction of the workload's best and the budget allows: one low n = 5
+# draw (the mean of five runs at 3 % run noise is off by a few percent now and then) must
+# not decide between two lengths whose true rates are within a percent of each other.
+RUNNER_UP_MARGIN = 0.10
 DEFAULT_K = 4  # the common default draft length
 
 
@@ -62,14 +65,19 @@ class Protocol:
 
 
 # Screening asks only which lengths are promising: five runs after one warm-up, 192 tokens
-# each. Confirmation uses n = 15 after the protocol's two warm-ups with 256 tokens a run.
-# The decode rate is a per-token figure ((N - 1) / decode time at batch 1) that does not
-# depend on how many tokens are asked for, while every run's cost does; the measure stage
-# measures the deployed configuration with the full 512-token protocol afterwards.
+# each. Confirmation is the measurement protocol's n = 15 after two warm-ups, but with 256
+# tokens a run instead of 512: on an 8-node Kimi K2 the four confirmations the decision
+# needs (the customer's, no speculation, a best per workload) take about 3,800 lab s at 512
+# tokens, which with the fewest screening trials a search can make (about 1,400 lab s) is
+# over the 4,500 lab s budget; at 256 they take about 2,000. The decode rate is a per-token
+# figure ((N - 1) / decode time at batch 1) that does not depend on how many tokens are asked
+# for, while every run's cost does; the section states what 512 would have cost. The
+# measure stage measures the deployed configuration at 512 tokens afterwards.
 SCREEN = Protocol(n=5, warmup=1, max_tokens=192)
 CONFIRM = Protocol(n=15, warmup=2, max_tokens=256)
-# What an exhaustive sweep would use: the measurement protocol itself.
-SWEEP = Protocol(n=15, warmup=2, max_tokens=512)
+# The measurement protocol, which an exhaustive sweep would use.
+FULL_PROTOCOL = Protocol(n=15, warmup=2, max_tokens=512)
+SWEEP = FULL_PROTOCOL
 
 Log = Callable[[str], None]
 Progress = Callable[[float, str], None]
@@ -139,6 +147,41 @@ def launch_syntax(session: LabSession, config: Mapping[str, Any]) -> str:
                 picked.append(argv[i])
         i += 1
     return shlex.join(picked) if picked else "(no speculative flags: speculation off)"
+
+
+def choose_finalists(
+    screened: Mapping[Setting, Mapping[str, float]], customer: Setting, workloads: Sequence[str]
+) -> tuple[list[Setting], list[Setting]]:
+    """What to confirm with fresh runs, from the screening means (refused settings absent).
+
+    Finalists, which the decision cannot do without: the customer's setting, no
+    speculation, and each workload's best screened setting. Runner-ups, confirmed while
+    the budget allows: each workload's best screened setting that is not a finalist, when
+    within RUNNER_UP_MARGIN of that workload's best; listed closest to their best first,
+    so that a short budget drops the least likely contender.
+    """
+    finalists: list[Setting] = list(dict.fromkeys([customer, NO_SPECULATION]))
+    for w in workloads:
+        rated = [s for s in screened if screened[s].get(w)]
+        if rated:
+            leader = max(rated, key=lambda s: (screened[s][w], -s.k))
+            if leader not in finalists:
+                finalists.append(leader)
+    contenders: dict[Setting, float] = {}
+    for w in workloads:
+        rated = [s for s in screened if screened[s].get(w)]
+        if not rated:
+            continue
+        top = max(screened[s][w] for s in rated)
+        others = [s for s in rated if s not in finalists]
+        if not others:
+            continue
+        second = max(others, key=lambda s: (screened[s][w], -s.k))
+        gap = 1.0 - screened[second][w] / top
+        if gap <= RUNNER_UP_MARGIN:
+            contenders[second] = min(gap, contenders.get(second, gap))
+    runner_ups = sorted(contenders, key=lambda s: (contenders[s], s.k))
+    return finalists, runner_ups
 
 
 # -- lab time --------------------------------------------------------------------------------
@@ -333,6 +376,11 @@ class _Run:
         return rows
 
     def screen(self, setting: Setting, spec: Any) -> dict[str, float] | None:
+        """The setting's mean rate per workload for the search: its confirmed means when it
+        was confirmed first, else a screening trial's (None: the engine refused it)."""
+        if setting in self.confirmed_rows:
+            confirmed = self.confirmed_rows[setting]
+            return {w: float(r["mean_tps"]) for w, r in confirmed.items() if r.get("mean_tps")}
         if setting not in self.screened:
             self.screened[setting] = self.trial(setting, "screen", spec)
         rows = self.screened[setting]
@@ -349,6 +397,7 @@ class _Run:
     def confirm(self, setting: Setting, spec: Any) -> bool:
         rows = self.trial(setting, "confirm", spec)
         if rows is None:
+            self.screened[setting] = None  # refused at startup: neither searched nor confirmed again
             return False
         self.confirmed[setting] = {w: list(r["samples"]) for w, r in rows.items() if len(r["samples"]) >= 2}
         self.confirmed_rows[setting] = rows
@@ -372,8 +421,9 @@ def run_specdec(
 
     `weights`: the customer's workload mix (shares of generated tokens); equal over the
     configuration's workloads by default. `measure`: the measurement (measure_on_session by
-    default). Returns the stage result: `section` (findings.json `speculative`), `findings`,
-    `config_changes` (the deployed setting, only when proved faster) and `lab_time_s`.
+    default). Returns the stage result:
+    `section` (findings.json `speculative`), `findings`, `config_changes` (the deployed
+    setting, only when proved faster) and `lab_time_s`.
     """
     budget = float(budget_lab_s if budget_lab_s is not None else DEFAULT_BUDGET_LAB_S)
     run = _Run(
@@ -453,11 +503,15 @@ def run_specdec(
     def afford(setting: Setting) -> bool:
         return run.afford(setting, run.screen_protocol, confirm_reserve())
 
-    # 1. Screening: no speculation, the customer's setting, then each method's k-search.
-    progress(3.0, "screening: no speculation")
-    run.screen(NO_SPECULATION, None)
+    # 1. The customer's setting and no speculation are in every decision, so they are
+    #    confirmed straight away (fresh n = 15, never screened) and the search reads their
+    #    confirmed means where it would have screened them: two restarts fewer.
+    progress(3.0, f"confirming {customer.label}")
+    run.confirm(customer, customer_spec)
     if customer != NO_SPECULATION:
-        run.screen(customer, customer_spec)
+        progress(5.0, "confirming no speculation")
+        run.confirm(NO_SPECULATION, None)
+    # 2. Screening: each method's k-search.
     searches: list[KSearch] = []
     for method in methods:
         seeds = {1, 2}
@@ -480,28 +534,14 @@ def run_specdec(
         searches.append(found)
         log(f"specdec: {method} search: measured k = {found.order}, refused {found.refused}; {found.stopped}")
 
-    # 2. Finalists: each workload's best screened setting, the customer's, none; then a
-    #    runner-up within RUNNER_UP_MARGIN of a workload's best, while the budget allows.
-    screened_rates = {s: r for s, r in run.costs.rates.items()}
-    finalists: list[Setting] = [customer, NO_SPECULATION]
-    runner_ups: list[Setting] = []
-    for w in workloads:
-        ranked = sorted(
-            (s for s in screened_rates if screened_rates[s].get(w)), key=lambda s: -screened_rates[s][w]
-        )
-        if not ranked:
-            continue
-        if ranked[0] not in finalists:
-            finalists.append(ranked[0])
-        top = screened_rates[ranked[0]][w]
-        for s in ranked[1:]:
-            if screened_rates[s][w] >= top * (1.0 - RUNNER_UP_MARGIN) and s not in finalists + runner_ups:
-                runner_ups.append(s)
-                break
+    # 3. Finalists: each workload's best screened setting (the customer's and no
+    #    speculation are confirmed already); then each workload's runner-up, while the
+    #    budget allows.
+    finalists, runner_ups = choose_finalists(run.costs.rates, customer, workloads)
     skipped: list[dict[str, Any]] = []
     for setting in finalists + runner_ups:
-        if setting in run.screened and run.screened[setting] is None:
-            continue  # refused at screening: it will not start now either
+        if setting in run.confirmed or (setting in run.screened and run.screened[setting] is None):
+            continue  # confirmed first, or refused: it will not start now either
         essential = setting in finalists
         if not essential and not run.afford(setting, run.confirm_protocol, 0.0):
             skipped.append({**setting.as_dict(), "why": "lab-time budget"})
@@ -510,7 +550,29 @@ def run_specdec(
         progress(min(95.0, 5.0 + 90.0 * run.spent() / budget), f"confirming {setting.label}")
         run.confirm(setting, spec_for(setting) if setting != customer else customer_spec)
 
-    # 3. The decision.
+    # What the confirmations would have cost at the protocol's 512 tokens a run.
+    confirmed_settings = list(run.confirmed)
+    screening_s = sum(
+        float(row["lab_s"])
+        for row in {t["trial"]: t for t in run.trials if t["phase"] == "screen"}.values()
+    )
+    at_full = sum(run.costs.trial_s(s, workloads, FULL_PROTOCOL) for s in confirmed_settings)
+    fits_full = screening_s + at_full <= budget
+    confirm_length = {
+        "max_tokens": run.confirm_protocol.max_tokens,
+        "protocol_max_tokens": FULL_PROTOCOL.max_tokens,
+        "confirmed_settings": len(confirmed_settings),
+        "screening_s": round(screening_s, 1),
+        "estimate_at_protocol_s": round(at_full, 1),
+        "fits_budget_at_protocol": fits_full,
+        "why": (
+            f"at the protocol's {FULL_PROTOCOL.max_tokens} tokens a run the {len(confirmed_settings)} "
+            f"confirmations would have taken about {at_full:.0f} lab s, with {screening_s:.0f} of "
+            f"screening {'within' if fits_full else 'over'} the {budget:.0f} lab s budget"
+        ),
+    }
+
+    # 4. The decision.
     decisions: dict[str, WorkloadDecision] = {}
     for w in workloads:
         decision = decide_workload(w, run.confirmed, customer)
@@ -537,6 +599,7 @@ def run_specdec(
         lab_time,
         sweep,
         share,
+        confirm_length,
     )
     deployed = deployment.setting if deployment else customer
     findings, changes = _findings(
@@ -578,6 +641,7 @@ def _section(
     lab_time: float,
     sweep: float,
     share: Mapping[str, float],
+    confirm_length: Mapping[str, Any],
 ) -> dict[str, Any]:
     workloads = run.workloads
     baseline: dict[str, Any] = {**customer.as_dict(), "draft_model": (customer_spec or {}).get("draft_model")}
@@ -645,10 +709,11 @@ def _section(
             "screen": run.screen_protocol.describe(),
             "confirm": run.confirm_protocol.describe(),
             "restart": "warm: engine stopped and started again, page cache and JIT cache kept",
-            "note": "Screening and confirmation ask for fewer tokens per run than the measurement protocol's "
-            "512 (and screening keeps one warm-up run): the decode rate is per token at batch 1 and "
-            "does not depend on how many are asked for, the cost of a run does. Confirmation runs "
-            "are fresh, never the screening samples.",
+            "confirm_length": dict(confirm_length),
+            "note": f"Screening asks for {run.screen_protocol.max_tokens} tokens a run after one warm-up "
+            f"run; confirmation for {run.confirm_protocol.max_tokens}: {confirm_length['why']}. The decode "
+            "rate is per token at batch 1 and does not depend on how many are asked for, the cost of a "
+            "run does. Confirmation runs are fresh, never the screening samples.",
             "decision": "Welch's test on confirmation runs only, at 5 % divided by the number of "
             "alternatives compared with the customer's setting; the mix rate is "
             "1 / sum(share / rate) with a delta-method interval",

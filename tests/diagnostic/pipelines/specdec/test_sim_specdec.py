@@ -1,7 +1,8 @@
 """The specdec pipeline on the simulated lab over SSH, with acceptance curves that differ
 from the reference: a configuration already at its optimum on a model whose config.json
 declares MTP heads the engine cannot serve (the MTP trial is refused at startup, recorded
-with the engine's error line, and the search goes on; nothing is found, nothing changes)."""
+with the engine's error line, and the search goes on; nothing is found, nothing changes,
+and the money-back rule sees no improvement from this stage)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from diagnostic.pipelines.specdec import run_specdec
 from lab.engines import normalize_config
 from lab.session import LabSession
 from lab.sim.lab import SimLab
+from reports.moneyback import assess
 
 pytestmark = pytest.mark.ssh
 
@@ -65,7 +67,12 @@ def test_a_configuration_at_its_optimum_keeps_its_setting_and_a_refused_mtp_tria
     assert refused and {t["method"] for t in refused} == {"mtp"}
     assert "cannot serve 'mtp'" in refused[0]["error"]
     assert "mtp" in section["space"]["methods"]
-    # The search went on after the refusal: confirmation trials follow it.
+    # The search went on after the refusal: measured trials follow it.
     last_refused = max(t["trial"] for t in refused)
-    assert any(t["phase"] == "confirm" and t["trial"] > last_refused for t in section["trials"])
+    assert any(t["status"] == "measured" and t["trial"] > last_refused for t in section["trials"])
     assert section["lab_time_s"] < section["sweep_estimate_s"] / 3
+    # The stage's part of findings.json, as the money-back rule reads it: no finding of this
+    # stage shows an improvement, so on its own the engagement would be free.
+    money_back = assess({"findings": result["findings"], "speculative": section})
+    assert money_back.improvements == ()
+    assert {c.key: c.holds for c in money_back.conditions}["no_demonstrated_improvement"] is True

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 clean
+.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,6 +45,11 @@ bench-triage: install
 
 bench-fp4: install
 	$(PY) benchmarks/bench_fp4.py
+
+# Portal latency under 50 concurrent clients: gunicorn on PostgreSQL (BENCH_PORTAL_DATABASE_URL,
+# default a bench database on 127.0.0.1:5432), target p95 < 150 ms.
+bench-portal: install
+	$(PY) benchmarks/bench_portal.py
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal clean
+.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,7 +29,7 @@ demo: install
 	$(PY) manage.py diagnose --config examples/configs/kimi-k2-8spark-outofbox.yaml \
 		--lab sim:lab/scenarios/reference-kimi-k2-8spark.yaml --out out/demo
 
-bench: bench-sim bench-measure bench-report bench-triage bench-fp4
+bench: bench-sim bench-measure bench-report bench-triage bench-fp4 bench-specdec
 
 bench-sim: install
 	$(PY) benchmarks/bench_sim.py
@@ -50,6 +50,10 @@ bench-fp4: install
 # default a bench database on 127.0.0.1:5432), target p95 < 150 ms.
 bench-portal: install
 	$(PY) benchmarks/bench_portal.py
+
+# About 25 minutes: the specdec stage 40 times on simulated labs (benchmarks/bench_specdec.py).
+bench-specdec: install
+	$(PY) benchmarks/bench_specdec.py
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

@@ -65,6 +65,9 @@ def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) ->
             weeks.append([])
         weeks[-1].append(CalendarDay(date, lab_day, state))
         date += dt.timedelta(days=1)
+    # Weeks after the last lab day would only be empty squares.
+    while weeks and all(day.state == "none" for day in weeks[-1]):
+        weeks.pop()
     return weeks
 
 

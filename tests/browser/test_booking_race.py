@@ -55,5 +55,5 @@ def test_two_browsers_booking_the_same_day_at_once(
     assert len(winners) == 1 and len(losers) == 1, texts
     assert Booking.objects.filter(lab_day=day).count() == 1
     for page, text in zip(pages, texts, strict=True):
-        screenshot(page, "11-race-winner" if "Booked" in text else "12-race-just-taken")
+        screenshot(page, "13-race-winner" if "Booked" in text else "14-race-just-taken")
         page.context.close()

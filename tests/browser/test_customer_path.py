@@ -143,5 +143,22 @@ def test_a_customer_goes_from_invitation_to_report(
     text = "\n".join(p.extract_text() or "" for p in pdf.pages)
     assert len(pdf.pages) >= 2
     assert "Initech Labs" in text
+    page.goto(f"{live_server.url}/portal/")
+    assert "Sunday" in page.inner_text("table.list") or booking.lab_day.date.strftime(
+        "%b"
+    ) in page.inner_text("table.list")
+    screenshot(page, "11-bookings")
     assert errors == [], errors
     context.close()
+
+    # Someone guessing the password: the account locks and says until when.
+    stranger = browser.new_context(viewport={"width": 1200, "height": 900})
+    guess = stranger.new_page()
+    for attempt in range(portal_settings.AXES_FAILURE_LIMIT + 1):
+        guess.goto(f"{live_server.url}/accounts/login/")
+        guess.fill("#id_username", EMAIL)
+        guess.fill("#id_password", f"wrong guess {attempt}")
+        guess.click("button[type=submit]")
+    assert "It unlocks at" in guess.inner_text("main")
+    screenshot(guess, "12-locked-out")
+    stranger.close()

@@ -111,3 +111,8 @@ def test_forms_need_the_csrf_token(cast: Cast, days_ahead: list[LabDay]) -> None
     strict.force_login(cast.alice)
     assert strict.post("/portal/book/", {"lab_day": days_ahead[0].pk}).status_code == 403
     assert not Booking.objects.exists()
+
+
+def test_a_calendar_without_lab_days_says_so(cast: Cast, lab: Any) -> None:
+    page = cast.client("alice").get("/portal/book/").content.decode()
+    assert "No lab days are open for booking yet" in page and "<table" not in page

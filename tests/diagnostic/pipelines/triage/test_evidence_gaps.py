@@ -42,7 +42,7 @@ def test_a_node_whose_sampler_died_is_named_and_never_guessed(tmp_path: Path) ->
     assert codes[:2] == ["load.weights_io", "load.jit_compile"]
     for finding in result["findings"][:2]:
         assert late in finding["evidence"]["evidence_incomplete"]
-        assert late not in finding["evidence"]["decided_by"]["nodes"]
+        assert late not in finding["evidence"]["attributed_from"]
     gap = next(f for f in result["findings"] if f["code"] == "load.unexplained_stall")
     assert gap["evidence"]["evidence_incomplete"] is True
     assert gap["evidence"]["nodes_without_telemetry"] == [late]

@@ -56,3 +56,17 @@ def test_a_configuration_without_the_faults_gets_no_load_finding(tmp_path: Path)
     assert [q["phase"] for q in section["quiet_work"]] == ["graph_capture"]
     # It keeps its JIT cache: measured after one start filled it, as its users see it.
     assert any("JIT cache" in note for note in section["notes"])
+
+
+def test_repeated_cold_starts_give_each_step_an_interval(tmp_path: Path) -> None:
+    scn = scenario(seed=8)
+    with lab(scn, tmp_path) as (_, session):
+        result = run_triage(session, customer(scn, ["load.rendezvous"]), repeats=3)
+    base, fixed = result["section"]["waterfall"]
+    assert base["n"] == fixed["n"] == 3 and len(fixed["samples_s"]) == 3
+    assert base["ci95"][0] <= base["cold_start_s"] <= base["ci95"][1]
+    # The rendezvous costs its 60 s stall: the interval of the change excludes zero.
+    assert fixed["delta_ci95"][1] < 0
+    assert fixed["delta_ci95"][0] == pytest.approx(-60, abs=TOLERANCE_S + 10)
+    assert result["findings"][0]["impact"]["ci95"] == fixed["delta_ci95"]
+    assert result["section"]["before_ci95"] == base["ci95"]

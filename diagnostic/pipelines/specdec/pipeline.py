@@ -128,9 +128,9 @@ def model_mtp_heads(session: LabSession) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def launch_syntax(session: LabSession, config: Mapping[str, Any]) -> str:
-    """The speculative part of the head node's command line for `config`, as the engine
-    takes it (what the customer pastes into their own launch command)."""
+def speculative_flags(session: LabSession, config: Mapping[str, Any]) -> list[str]:
+    """The speculative arguments of the head node's command line for `config`, as the
+    engine takes them (what the customer pastes into their own launch command)."""
     from lab.engines import render
 
     nodes = session.nodes_for(config)
@@ -146,6 +146,11 @@ def launch_syntax(session: LabSession, config: Mapping[str, Any]) -> str:
                 i += 1
                 picked.append(argv[i])
         i += 1
+    return picked
+
+
+def launch_syntax(session: LabSession, config: Mapping[str, Any]) -> str:
+    picked = speculative_flags(session, config)
     return shlex.join(picked) if picked else "(no speculative flags: speculation off)"
 
 
@@ -606,7 +611,14 @@ def run_specdec(
         run, customer, customer_spec, decisions, deployment, spec_for(deployed), section
     )
     if changes:
-        section["deployed"]["launch_syntax"] = launch_syntax(session, apply_changes(config, changes))
+        tuned = apply_changes(config, changes)
+        section["deployed"]["launch_syntax"] = launch_syntax(session, tuned)
+        # The report shows a finding's change as the flags to launch with.
+        added = speculative_flags(session, tuned)
+        flags: Any = added if added else {"remove": speculative_flags(session, config)}
+        for finding in findings:
+            if "config" in (finding.get("change") or {}):
+                finding["change"]["flags"] = flags
     section["customer_launch_syntax"] = launch_syntax(session, config)
     log(f"specdec: deployed {deployed.label}; {lab_time:.0f} lab s spent, a sweep would take {sweep:.0f}")
     progress(100.0, f"deployed {deployed.label}")

@@ -53,7 +53,10 @@ def test_speculation_is_found_for_a_configuration_without_it(tmp_path: Path) -> 
         assert best["method"] == "eagle3" and not best["kept_customer"]
         assert best["customer_vs_none"] is None  # the customer's setting is no speculation
         assert best["vs_none"]["faster"] and best["vs_customer"]["faster"]
-    assert 3 <= section["best"]["code"]["k"] <= 5
+    # Within 5 % of each workload's peak by the formula (code k = 2..5, prose k = 1..3):
+    # five screening runs of 192 tokens at this dilation are a few wall milliseconds each, so
+    # how close to the peak the search lands is the benchmark's question (bench_specdec.py).
+    assert 2 <= section["best"]["code"]["k"] <= 5
     assert 1 <= section["best"]["prose"]["k"] <= 3
     chosen = section["chosen"]
     assert chosen["method"] == "eagle3"
@@ -66,6 +69,8 @@ def test_speculation_is_found_for_a_configuration_without_it(tmp_path: Path) -> 
     assert [f["code"] for f in result["findings"]] == ["specdec.suboptimal", "specdec.suboptimal"]
     for finding in result["findings"]:
         assert finding["change"]["config"] == {"speculative": {"from": None, "to": config_change["to"]}}
+        flags = finding["change"]["flags"]  # the deployed setting in the customer's launch syntax
+        assert flags[0] == "--speculative-config" and f'"num_speculative_tokens": {chosen["k"]}' in flags[1]
         assert finding["impact"]["ci95"][0] > 0
     money_back = assess({"findings": result["findings"], "speculative": section})
     shown = [i for i in money_back.improvements if i.demonstrated]

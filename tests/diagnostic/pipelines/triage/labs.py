@@ -38,7 +38,8 @@ T = TypeVar("T")
 
 
 def scenario(*, seed: int = 11, dilation: float = DILATION, nics: dict[str, Any] | None = None,
-             faults: list[dict[str, Any]] | None = None, load: dict[str, Any] | None = None) -> Scenario:
+             faults: list[dict[str, Any]] | None = None, load: dict[str, Any] | None = None,
+             engine: str = "vllm") -> Scenario:
     """The reference lab with another seed and the given changes. The reference file's
     explicit rendezvous needs name the reference NICs; they are dropped so that the needs
     follow the scenario's own NIC names (LAB_MODEL.md section 1)."""
@@ -52,6 +53,8 @@ def scenario(*, seed: int = 11, dilation: float = DILATION, nics: dict[str, Any]
     if load:
         data["truth"]["load"].update(load)
     data["truth"]["faults"] = list(faults or [])
+    if engine != "vllm":
+        data["engine"] = {"name": engine}
     return parse_scenario(data)
 
 
@@ -59,9 +62,12 @@ def customer(scn: Scenario, faults: Iterable[str] = FAULTS, *, engine: str = "vl
     """The out-of-box configuration with only `faults` left in it: the others fixed the
     way a careful customer would have (names from the scenario itself)."""
     raw: dict[str, Any] = copy.deepcopy(yaml.safe_load(OUT_OF_BOX.read_text()))
+    if engine != "vllm":
+        raw["engine"] = {"name": engine}
+        raw["speculative"] = None  # the reference EAGLE-3 draft is a vLLM setting here
     faults = set(faults)
     if "load.weights_io" not in faults:
-        raw["serving"]["safetensors_load_strategy"] = "eager"
+        raw["serving"]["load_format"] = "fastsafetensors"
     if "load.jit_compile" not in faults:
         raw["serving"]["jit_cache"] = "persisted"
     if "load.rendezvous" not in faults:

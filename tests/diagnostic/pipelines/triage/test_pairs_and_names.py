@@ -1,5 +1,5 @@
-"""The triage end to end on the simulated lab: pairs of faults, a lab whose NICs are named
-differently (the fix names that lab's own devices), and the whole story over loopback SSH."""
+"""The triage end to end on the simulated lab (in-process): pairs of faults, a lab whose
+NICs are named differently (the fix names that lab's own devices), and SGLang's loader."""
 
 from __future__ import annotations
 
@@ -47,20 +47,12 @@ def test_renamed_nics_get_their_own_names_in_the_fix(tmp_path: Path) -> None:
     assert result["section"]["waterfall"][-1]["signatures"] == []
 
 
-def test_the_reference_story_over_loopback_ssh(tmp_path: Path) -> None:
-    """The out-of-box configuration on the reference lab: ~560 s, three causes, ~145 s."""
-    scn = scenario(seed=7, dilation=200.0)
-    with lab(scn, tmp_path, ssh=True) as (_, session):
-        result = run_triage(session, customer(scn))
-    section = result["section"]
-    assert section["root_causes"] == list(FAULTS)
-    assert section["before_s"] == pytest.approx(560, abs=25)
-    assert section["after_s"] == pytest.approx(145, abs=20)
-    assert [w["mode"] for w in section["waterfall"]] == ["baseline", "alone", "alone", "alone", "all"]
-    rendezvous = next(f for f in result["findings"] if f["code"] == "load.rendezvous")
-    assert rendezvous["evidence"]["late_node"] in scn.node_names[1:]
-    assert rendezvous["evidence"]["bootstrap_retries"] >= 2
-    header, *rows = result["telemetry_csv"].splitlines()
-    assert header.startswith("run,node,t_s,epoch,cpu_user_pct")
-    assert {row.split(",")[0] for row in rows} == {"before", "after"}
-    assert {row.split(",")[1] for row in rows} == set(scn.node_names)
+def test_an_sglang_configuration_gets_the_loader_sglang_has(tmp_path: Path) -> None:
+    scn = scenario(seed=14, engine="sglang")
+    with lab(scn, tmp_path) as (_, session):
+        result = run_triage(session, customer(scn, ["load.weights_io", "load.jit_compile"], engine="sglang"))
+    assert finding_codes(result) == ["load.weights_io", "load.jit_compile"]
+    loader = result["findings"][0]["change"]
+    assert loader["config"] == {"serving.load_format": {"from": "auto", "to": "fastsafetensors"}}
+    assert loader["flags"] == ["--load-format", "fastsafetensors"]
+    assert result["section"]["proved"] == ["load.weights_io", "load.jit_compile"]

@@ -16,7 +16,9 @@ No Django here: the portal, the CLI and the lab all use it.
 
 from __future__ import annotations
 
+import math
 import re
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,6 +61,17 @@ MAX_PP = 64
 MAX_NODES = 256
 MAX_MODEL_LEN = 1 << 24
 MAX_SPEC_TOKENS = 16
+# A configuration nests three levels deep; anything far deeper is refused while it is read,
+# before Python's recursion limit could turn it into a traceback.
+MAX_DEPTH = 32
+# A pasted launch command is a few hundred characters; the cap keeps every message and
+# every nested value (a --speculative-config JSON) small.
+MAX_COMMAND_CHARS = 16384
+MAX_ENV_VALUE_CHARS = 4096
+MAX_PROBLEM_CHARS = 1000
+# Whole numbers past this are not a count of anything an engine takes; the cap also keeps
+# them printable (Python refuses to print integers of more than 4,300 digits).
+MAX_WHOLE = 10**18
 
 REFERENCE_MODEL = {
     "id": "moonshotai/Kimi-K2-Instruct-0905",
@@ -86,11 +99,82 @@ COMMAND_FIELDS = ("model", "parallel", "serving", "speculative", "env", "extra_a
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+# The engine environment a configuration may set: the families of variables that tune the
+# engines and their communication libraries, which is what the diagnostic reads and
+# changes (NCCL_SOCKET_IFNAME, VLLM_USE_FLASHINFER_MOE_FP4, ...). Everything else is
+# refused: the loader's (LD_*), the interpreter's (PATH, PYTHON*), proxies, hub endpoints
+# and tokens (HF_*) would let a configuration run code or fetch content on the lab.
+# lab/agent/agent.py holds the same lists (it is stdlib-only and imports nothing); a test
+# keeps them equal.
+ENV_FAMILIES = ("NCCL_", "VLLM_", "SGLANG_", "SGL_", "FLASHINFER_", "CUDA_", "TORCH_",
+                "TORCHINDUCTOR_", "UCX_", "NVSHMEM_", "GLOO_", "TRITON_")
+ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+             "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
+             "NVIDIA_TF32_OVERRIDE", "MAX_JOBS")
+# Inside the families, a name with one of these words points the engine at code (plugins,
+# modules, libraries), at files or directories it would read or write, or at the network;
+# the lab sets those itself (NCCL_NET_PLUGIN, UCX_MODULE_DIR, TRITON_PTXAS_PATH,
+# VLLM_USE_MODELSCOPE, VLLM_HOST_IP, ...).
+ENV_REFUSED_WORDS = ("PLUGIN", "PLUGINS", "MODULE", "MODULES", "LIBRARY", "LIB", "PRELOAD",
+                     "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "ROOT", "HOME", "BASE",
+                     "PROXY", "ENDPOINT", "URL", "URI", "HOST", "ADDR", "PORT", "MODELSCOPE",
+                     "REMOTE", "INSECURE", "LORA", "HUB")
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why a configuration may not set the variable `name` (None when it may)."""
+    if name in JIT_CACHE_ENV:
+        return ("the lab sets this from serving.jit_cache; use serving.jit_cache: persisted "
+                "(a kept cache) or ephemeral instead")
+    if name not in ENV_NAMES and not name.startswith(ENV_FAMILIES):
+        families = ", ".join(f + "*" for f in ENV_FAMILIES)
+        return (f"is not a variable the lab passes to an engine; accepted: {families}, "
+                f"{', '.join(ENV_NAMES)} (never LD_*, PATH, PYTHON*, HF_*, proxies or endpoints)")
+    words = set(name.upper().split("_"))
+    refused = [w for w in ENV_REFUSED_WORDS if w in words]
+    if refused:
+        return (f"names a {refused[0].lower()}: variables that point an engine at code, files, "
+                "directories or the network are set by the lab, not by a configuration")
+    return None
+
+
+class _Shown(reprlib.Repr):
+    """repr() for messages: bounded in length and depth, and safe for any value YAML or
+    JSON can produce (a 5,000-digit integer, a list nested 10,000 deep)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother = 3, 80, 80
+        self.maxlist = self.maxdict = self.maxtuple = self.maxset = 6
+
+    def repr_int(self, x: int, level: int) -> str:
+        if abs(x) > MAX_WHOLE:
+            return f"a {int(x.bit_length() * math.log10(2)) + 1}-digit number"
+        return repr(x)
+
+
+_SHOWN = _Shown()
+
+
+def shown(value: Any) -> str:
+    """`value` for a message: repr(), bounded, never raising."""
+    return _SHOWN.repr(value)
+
+
+def _key(key: Any) -> str:
+    """A mapping key as it appears in a field path."""
+    plain = isinstance(key, str) and key.strip() == key != "" and key.isprintable()
+    return key if plain and len(key) <= 80 else shown(key)
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be used. `field` is the dotted path of the culprit."""
 
     def __init__(self, field: str, problem: str) -> None:
+        if len(problem) > MAX_PROBLEM_CHARS:
+            # A message travels in a form error and a log line; values are shown bounded
+            # (shown()), this only catches an engine's wording that quotes a long argument.
+            problem = problem[:MAX_PROBLEM_CHARS - 1] + "…"
         super().__init__(f"{field}: {problem}" if field else problem)
         self.field = field
         self.problem = problem
@@ -102,7 +186,7 @@ def _fail(field: str, problem: str) -> ConfigError:
 
 def _one_of(value: Any, field: str, accepted: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in accepted:
-        raise _fail(field, f"{value!r} is not accepted; use one of {', '.join(accepted)}")
+        raise _fail(field, f"{shown(value)} is not accepted; use one of {', '.join(accepted)}")
     return value
 
 
@@ -110,21 +194,21 @@ def _mapping(value: Any, field: str, accepted: tuple[str, ...]) -> Mapping[str, 
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise _fail(field, f"must be a mapping, got {type(value).__name__} {value!r}")
+        raise _fail(field, f"must be a mapping, got {type(value).__name__} {shown(value)}")
     for key in value:
         if key not in accepted:
-            where = f"{field}.{key}" if field else str(key)
+            where = f"{field}.{_key(key)}" if field else _key(key)
             raise _fail(where, f"unknown field; accepted: {', '.join(accepted)}")
     return value
 
 
 def _text(value: Any, field: str) -> str:
     if isinstance(value, bool) or isinstance(value, int | float):
-        raise _fail(field, f"{value!r} is a number; write it as a quoted string")
+        raise _fail(field, f"{shown(value)} is a number; write it as a quoted string")
     if not isinstance(value, str) or not value.strip():
-        raise _fail(field, f"must be a non-empty string, got {value!r}")
+        raise _fail(field, f"must be a non-empty string, got {shown(value)}")
     if any(c in value for c in "\x00\n\r"):
-        raise _fail(field, f"{value!r} contains a control character")
+        raise _fail(field, f"{shown(value)} contains a control character")
     return value
 
 
@@ -132,25 +216,34 @@ def _argument(value: Any, field: str) -> str:
     """A string that becomes a command-line argument: it must not read as a flag."""
     text = _text(value, field)
     if text.startswith("-"):
-        raise _fail(field, f"{text!r} starts with '-', which an engine would read as a flag")
+        raise _fail(field, f"{shown(text)} starts with '-', which an engine would read as a flag")
     return text
 
 
 def _int(value: Any, field: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _fail(field, f"{value!r} is not accepted; use a whole number {lo}..{hi}")
+        raise _fail(field, f"{shown(value)} is not accepted; use a whole number {lo}..{hi}")
     return int(value)
 
 
 def _bool(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
-        raise _fail(field, f"{value!r} is not accepted; use true or false")
+        raise _fail(field, f"{shown(value)} is not accepted; use true or false")
     return value
 
 
+def _finite(value: Any) -> bool:
+    """A number JSON and the database can hold: not a bool, not inf or NaN, not huge."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= MAX_WHOLE  # (math.isfinite would overflow on a huge one)
+    return math.isfinite(value) and abs(value) <= MAX_WHOLE
+
+
 def _positive(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise _fail(field, f"{value!r} is not accepted; use a number > 0")
+    if not _finite(value) or not value > 0:
+        raise _fail(field, f"{shown(value)} is not accepted; use a finite number > 0")
     return float(value)
 
 
@@ -160,7 +253,7 @@ def _engine(raw: Any) -> dict[str, str]:
     version = data.get("version", DEFAULT_ENGINE_VERSIONS[name])
     if isinstance(version, int | float) and not isinstance(version, bool):
         # YAML reads `version: 0.10` as the float 0.1: refuse rather than guess.
-        raise _fail("engine.version", f"{version!r} is a number; quote it, e.g. \"{version}\"")
+        raise _fail("engine.version", f"{shown(version)} is a number; quote it, e.g. \"{shown(version)}\"")
     return {"name": name, "version": _text(version, "engine.version")}
 
 
@@ -199,9 +292,9 @@ def _serving(raw: Any, engine: str) -> dict[str, Any]:
     data = _mapping(raw, "serving", tuple(SERVING_DEFAULTS))
     merged = {**SERVING_DEFAULTS, **data}
     util = merged["gpu_memory_utilization"]
-    if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
+    if not _finite(util) or not 0 < util <= 1:
         raise _fail("serving.gpu_memory_utilization",
-                    f"{util!r} is not accepted; use a fraction in (0, 1], e.g. 0.85")
+                    f"{shown(util)} is not accepted; use a fraction in (0, 1], e.g. 0.85")
     out = {
         "max_model_len": _int(merged["max_model_len"], "serving.max_model_len", 1, MAX_MODEL_LEN),
         "kv_cache_dtype": _one_of(merged["kv_cache_dtype"], "serving.kv_cache_dtype",
@@ -218,7 +311,7 @@ def _serving(raw: Any, engine: str) -> dict[str, Any]:
     }
     if engine == "sglang" and out["safetensors_load_strategy"] != "lazy":
         raise _fail("serving.safetensors_load_strategy",
-                    f"{out['safetensors_load_strategy']!r} is a vLLM option that SGLang does not "
+                    f"{shown(out['safetensors_load_strategy'])} is a vLLM option that SGLang does not "
                     "have; use lazy, or serving.load_format: fastsafetensors for a fast loader")
     return out
 
@@ -265,27 +358,33 @@ def _env(raw: Any) -> dict[str, str]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise _fail("env", f"must be a mapping of variable names to values, got {raw!r}")
+        raise _fail("env", f"must be a mapping of variable names to values, got {shown(raw)}")
     out: dict[str, str] = {}
     for key, value in raw.items():
+        field = f"env.{_key(key)}"
         if not isinstance(key, str) or not _ENV_NAME.match(key):
-            raise _fail(f"env.{key}", "is not a valid environment variable name "
-                                      "(letters, digits and _, not starting with a digit)")
-        field = f"env.{key}"
-        if key in JIT_CACHE_ENV:
-            raise _fail(field, "the lab sets this from serving.jit_cache; use serving.jit_cache: "
-                               "persisted (a kept cache) or ephemeral instead")
+            raise _fail(field, "is not a valid environment variable name "
+                               "(letters, digits and _, not starting with a digit)")
+        problem = env_name_problem(key)
+        if problem is not None:
+            raise _fail(field, problem)
         if isinstance(value, bool):
             # Engines read boolean switches as 1/0 (VLLM_USE_FLASHINFER_MOE_FP4=1).
             out[key] = "1" if value else "0"
         elif isinstance(value, int | float):
+            if not _finite(value):
+                raise _fail(field, f"{shown(value)} is not accepted; use a finite number "
+                                   "or a string")
             out[key] = str(value)
         elif isinstance(value, str):
             if any(c in value for c in "\x00\n\r"):
-                raise _fail(field, f"{value!r} contains a control character")
+                raise _fail(field, f"{shown(value)} contains a control character")
+            if len(value) > MAX_ENV_VALUE_CHARS:
+                raise _fail(field, f"is {len(value)} characters; the limit is "
+                                   f"{MAX_ENV_VALUE_CHARS}")
             out[key] = value
         else:
-            raise _fail(field, f"{value!r} is not accepted; use a string, number or true/false")
+            raise _fail(field, f"{shown(value)} is not accepted; use a string, number or true/false")
     return dict(sorted(out.items()))
 
 
@@ -294,7 +393,7 @@ def _extra_args(raw: Any) -> list[str]:
     if raw is None:
         return []
     if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
-        raise _fail("extra_args", f"must be a list of strings (one per argv token), got {raw!r}")
+        raise _fail("extra_args", f"must be a list of strings (one per argv token), got {shown(raw)}")
     return list(raw)
 
 
@@ -302,11 +401,11 @@ def _workloads(raw: Any) -> list[str]:
     if raw is None:
         raw = list(WORKLOADS)
     if not isinstance(raw, list) or not raw:
-        raise _fail("workloads", f"must be a non-empty list from {', '.join(WORKLOADS)}, got {raw!r}")
+        raise _fail("workloads", f"must be a non-empty list from {', '.join(WORKLOADS)}, got {shown(raw)}")
     for i, item in enumerate(raw):
         _one_of(item, f"workloads[{i}]", WORKLOADS)
     if len(set(raw)) != len(raw):
-        raise _fail("workloads", f"{raw!r} names a workload twice")
+        raise _fail("workloads", f"{shown(raw)} names a workload twice")
     return [w for w in WORKLOADS if w in raw]
 
 
@@ -325,7 +424,7 @@ def check_document(data: Any) -> Mapping[str, Any]:
     _mapping(data, "", TOP_FIELDS)
     schema = data.get("schema", SCHEMA)
     if schema != SCHEMA:
-        raise _fail("schema", f"{schema!r} is not accepted; use {SCHEMA!r}")
+        raise _fail("schema", f"{shown(schema)} is not accepted; use {shown(SCHEMA)}")
     return data
 
 
@@ -368,7 +467,10 @@ def launch_command_text(data: Mapping[str, Any]) -> str:
                              "remove one of the two")
     command = data["launch_command"]
     if not isinstance(command, str) or not command.strip():
-        raise _fail("launch_command", f"must be the launch command as a string, got {command!r}")
+        raise _fail("launch_command", f"must be the launch command as a string, got {shown(command)}")
+    if len(command) > MAX_COMMAND_CHARS:
+        raise _fail("launch_command", f"is {len(command)} characters; the limit is "
+                                      f"{MAX_COMMAND_CHARS}")
     return command
 
 
@@ -379,14 +481,17 @@ def with_command_fields(data: Mapping[str, Any], parsed: Mapping[str, Any]) -> d
     engine = _mapping(data.get("engine"), "engine", ("name", "version"))
     name = parsed["engine"]["name"]
     if "name" in engine and engine["name"] != name:
-        raise _fail("engine.name", f"{engine['name']!r} disagrees with launch_command, which "
+        raise _fail("engine.name", f"{shown(engine['name'])} disagrees with launch_command, which "
                                    f"runs {name}; remove engine.name or fix it")
     rest = {k: data[k] for k in ("cluster", "workloads", "reported") if k in data}
     return {**parsed, **rest, "engine": {"name": name, **engine}}
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors, aliases (billion-laughs) and duplicate keys."""
+    """SafeLoader that refuses anchors, aliases (billion-laughs), nesting deeper than
+    MAX_DEPTH, keys that are not plain values, and duplicate keys."""
+
+    depth = 0
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         event = self.peek_event()
@@ -394,15 +499,26 @@ class _StrictLoader(yaml.SafeLoader):
             mark = event.start_mark
             raise ConfigError("file", f"line {mark.line + 1}: YAML anchors and aliases (&, *) "
                                       "are not accepted; write the values out")
-        return super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:
+            # The composer recurses once per level: stop long before the interpreter would.
+            raise ConfigError("file", f"line {event.start_mark.line + 1}: values nest more than "
+                                      f"{MAX_DEPTH} levels deep; a configuration needs three")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+                raise ConfigError("file", f"line {line}: a key must be a plain name, not a {kind}")
             key = self.construct_object(key_node, deep=True)
             if key in seen:
-                raise ConfigError(str(key), f"appears twice (line {key_node.start_mark.line + 1}); "
-                                            "keep one")
+                raise ConfigError(_key(key), f"appears twice (line {line}); keep one")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -421,6 +537,11 @@ def read_config_text(text: str, *, max_bytes: int = 65536) -> Mapping[str, Any]:
         raise ConfigError("file", f"not valid YAML ({where}{exc.problem})") from exc
     except yaml.YAMLError as exc:
         raise ConfigError("file", f"not valid YAML ({exc})") from exc
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        # The constructors' own limits: an integer of more than 4,300 digits, a bad date.
+        raise ConfigError("file", f"holds a value that cannot be read ({shown(str(exc))})") from exc
     if not isinstance(data, Mapping):
         raise ConfigError("file", "must hold a YAML mapping (schema: diagnostic.config/1, "
                                   f"engine: ..., ...), got {type(data).__name__}")

@@ -366,10 +366,9 @@ class LabSession:
         from lab.engines import render  # engines import config validation; keep startup light
 
         nodes = self.nodes_for(config)
-        # The customer's model path is theirs; on this lab the weights live in the
-        # inventory's model directory.
-        config = {**config, "model": {**config["model"], "path": nodes[0].model_dir}}
-        return render(config, nodes)
+        # The customer's model path names a model of the lab's catalog (render admits it
+        # first); on this lab its weights live in the inventory's model directory.
+        return render(config, nodes, model_dir=nodes[0].model_dir)
 
     def _healthy(self) -> bool:
         try:

@@ -34,8 +34,12 @@ def normalize_submission(raw_text: str, source: str) -> dict[str, Any]:
         if source == Source.FORM:
             try:
                 fields = json.loads(raw_text)
-            except json.JSONDecodeError as exc:
-                raise ValidationError({"raw_text": f"form data is not JSON ({exc.msg})"}) from None
+            except (ValueError, RecursionError) as exc:
+                # JSONDecodeError, or the decoder's own limits (a 5,000-digit number, a
+                # list nested past the recursion limit): a field error, never a traceback.
+                why = exc.msg if isinstance(exc, json.JSONDecodeError) else \
+                    "a value is too large or too deeply nested"
+                raise ValidationError({"raw_text": f"form data is not JSON ({why})"}) from None
             if not isinstance(fields, dict):
                 raise ValidationError({"raw_text": "form data must be a JSON object of configuration fields"})
             return normalize_config({"schema": CONFIG_SCHEMA, **fields})

@@ -18,14 +18,17 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from lab.catalog import load_catalog
 from lab.config import (
     ConfigError,
     check_document,
     launch_command_text,
     normalize_fields,
     read_config_text,
+    shown,
     with_command_fields,
 )
+from lab.engines.admission import admit
 from lab.engines.base import (
     UNCARRIED,
     Engine,
@@ -84,15 +87,24 @@ def normalize_config(data: Mapping[str, Any]) -> dict[str, Any]:
     `launch_command` may stand for the model/parallel/serving/speculative/env/extra_args
     fields; it is parsed by the engine it starts, and `engine.version`, `cluster`,
     `workloads` and `reported` may sit beside it. `extra_args` may hold only the engine's
-    known pass-through flags. Normalizing a normalized config returns it unchanged.
-    Raises ConfigError naming the field.
+    known pass-through flags. Then the lab's admission (lab.engines.admission): the model,
+    its draft and whatever a pass-through flag loads must be in the lab's catalog.
+    Normalizing a normalized config returns it unchanged. Raises ConfigError naming the
+    field.
     """
+    return _normalize(data, admitting=True)
+
+
+def _normalize(data: Mapping[str, Any], *, admitting: bool) -> dict[str, Any]:
     check_document(data)
     if "launch_command" in data:
         parsed = parse_command(launch_command_text(data))
-        return normalize_config(with_command_fields(data, parsed))
+        return _normalize(with_command_fields(data, parsed), admitting=admitting)
     config = normalize_fields(data)
-    check_extra_args(config["engine"]["name"], config["extra_args"])
+    engine = _engine(config["engine"]["name"])
+    engine.check_extra_args(config["extra_args"])
+    if admitting:
+        admit(config, engine, load_catalog())
     return config
 
 
@@ -101,9 +113,17 @@ def load_config_text(text: str, *, max_bytes: int = 65536) -> dict[str, Any]:
     return normalize_config(read_config_text(text, max_bytes=max_bytes))
 
 
-def render(config: Mapping[str, Any], nodes: Sequence[Node]) -> list[dict[str, Any]]:
-    """One `lab.launch/1` spec per node used: the first tp × pp nodes, head first (rank 0)."""
+def render(config: Mapping[str, Any], nodes: Sequence[Node], *,
+           model_dir: str | None = None) -> list[dict[str, Any]]:
+    """One `lab.launch/1` spec per node used: the first tp × pp nodes, head first (rank 0).
+
+    `config` is normalized and admitted first, so nothing the lab's catalog does not hold
+    reaches a node. `model_dir`, when given, is where this lab keeps the admitted model's
+    weights (the inventory's model_dir): the argv names it instead of model.path.
+    """
     config = normalize_config(config)
+    if model_dir is not None:
+        config = {**config, "model": {**config["model"], "path": model_dir}}
     engine = _engine(config["engine"]["name"])
     used = nodes_used(config, nodes)
     head = used[0]
@@ -127,7 +147,9 @@ def parse_launch(argv: Sequence[str], env: Mapping[str, str]) -> ParsedLaunch:
     raw, info = engine.read_args(args)
     raw["env"], raw["serving"]["jit_cache"] = split_launch_env(env)
     try:
-        config = normalize_config(raw)
+        # An engine knows nothing of the lab's catalog: what it was started with is read
+        # as the engine reads it, without the lab's admission.
+        config = _normalize(raw, admitting=False)
     except ConfigError as exc:
         flag, problem = engine.value_problem(exc)
         raise engine.table.error(flag, f"argument {flag}: {problem}") from None
@@ -145,7 +167,7 @@ def parse_command(text: str) -> dict[str, Any]:
     found = _detect(tokens)
     if found is None:
         culprit = " ".join(tokens[:2]) if tokens[0] == "vllm" else tokens[0]
-        raise ConfigError("launch_command", f"{culprit!r} does not start vllm or sglang; paste "
+        raise ConfigError("launch_command", f"{shown(culprit)} does not start vllm or sglang; paste "
                                             "'vllm serve MODEL ...' or 'python3 -m "
                                             "sglang.launch_server ...'")
     engine, args = found

@@ -5,7 +5,9 @@ argv the way the engine's argparse would (long and short names, `--flag=value`, 
 types, choices, `--no-` negations) and fails with argparse's own wording, so the
 simulated engine can reject a bad launch exactly as the real one does. Flags the
 diagnostic does not model but knows to be harmless are `passthrough`: they travel in
-`extra_args` verbatim.
+`extra_args` verbatim. A pass-through flag whose value makes the engine load something
+(code, a tokenizer, a template, weights) says what in `loads`, and lab.engines.admission
+holds its value to the lab's catalog.
 
 A command line cannot carry every field of a configuration; `UNCARRIED` lists the ones
 it cannot, and `launch_view` drops them, so that "the same configuration" can be
@@ -21,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from lab.config import JIT_CACHE_ENV, ConfigError
+from lab.config import JIT_CACHE_ENV, ConfigError, shown
 from lab.engines.logs import Matcher
 from lab.inventory import Node
 
@@ -33,6 +35,10 @@ UNCARRIED = ("engine.version", "model.quantization", "cluster", "workloads", "re
 LAUNCH_SCHEMA = "lab.launch/1"
 MASTER_PORT = 29500  # torch.distributed rendezvous on the head's data address (vLLM)
 SGLANG_DIST_PORT = 5000  # SGLang's --dist-init-addr port
+
+# What a pass-through flag's value makes an engine load (Flag.loads).
+LOADS = ("remote_code", "tokenizer", "chat_template", "generation_config", "download_dir",
+         "compilation_config")
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+(\.\d*)?([eE][-+]?\d+)?$")
 
@@ -93,6 +99,8 @@ class Flag:
     convert: Callable[[str], Any] | None = None
     type_name: str = ""
     passthrough: bool = False
+    # What the engine loads because of this flag (LOADS), for pass-through flags only.
+    loads: str = ""
 
     @property
     def canonical(self) -> str:
@@ -109,6 +117,8 @@ class ParsedArgs:
     given: dict[str, str] = field(default_factory=dict)  # dest -> flag as the user wrote it
     positionals: list[str] = field(default_factory=list)
     passthrough: list[str] = field(default_factory=list)  # verbatim tokens, in order
+    # The pass-through flags with their converted values, in order (for admission).
+    passthrough_flags: list[tuple[Flag, Any]] = field(default_factory=list)
 
 
 def is_flag(word: str) -> bool:
@@ -208,6 +218,7 @@ class FlagTable:
                 value = self._convert(flag, raw)
             if flag.passthrough:
                 out.passthrough.extend(used)
+                out.passthrough_flags.append((flag, value))
             else:
                 out.values[flag.dest] = value
                 out.given[flag.dest] = name
@@ -322,8 +333,8 @@ class Engine(ABC):
         """An argument error in words for a customer (parse_command, extra_args)."""
         if exc.message.startswith("unrecognized arguments"):
             if not is_flag(exc.flag):
-                return f"{exc.flag!r} is an extra argument {self.prog} does not take; remove it"
-            return (f"{exc.flag!r} is not a {self.name} flag the diagnostic knows; remove it, "
+                return f"{shown(exc.flag)} is an extra argument {self.prog} does not take; remove it"
+            return (f"{shown(exc.flag)} is not a {self.name} flag the diagnostic knows; remove it, "
                     "or ask us to add it")
         return exc.message
 

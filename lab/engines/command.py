@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from lab.config import ConfigError
+from lab.config import ConfigError, shown
 
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 _WRAPPERS = ("env", "nohup", "exec")
@@ -92,10 +92,10 @@ def split_command(text: str) -> tuple[dict[str, str], list[str]]:
         if not tokens:
             continue
         if command:
-            raise ConfigError("launch_command", f"{tokens[0]!r} starts a second command; paste "
+            raise ConfigError("launch_command", f"{shown(tokens[0])} starts a second command; paste "
                                                 "the one command that starts the engine")
         if tokens[0] in _CONTAINERS:
-            raise ConfigError("launch_command", f"{tokens[0]!r}: container and scheduler "
+            raise ConfigError("launch_command", f"{shown(tokens[0])}: container and scheduler "
                                                 "wrappers are not parsed; paste the command run "
                                                 "inside (from 'vllm serve' or 'python3 -m "
                                                 "sglang.launch_server' on) and put the container's "

@@ -31,8 +31,8 @@ SPEC_DESTS = ("spec_draft", "spec_steps", "spec_topk", "spec_draft_tokens", "spe
               "spec_ngram_min")
 
 
-def _passthrough(names: tuple[str, ...], kind: str = "str") -> Flag:
-    return Flag(names, "extra:" + names[0], kind, passthrough=True)
+def _passthrough(names: tuple[str, ...], kind: str = "str", loads: str = "") -> Flag:
+    return Flag(names, "extra:" + names[0], kind, passthrough=True, loads=loads)
 
 
 FLAGS = (
@@ -62,7 +62,7 @@ FLAGS = (
     Flag(("--speculative-num-draft-tokens",), "spec_draft_tokens", "int"),
     Flag(("--speculative-ngram-max-match-window-size",), "spec_ngram_max", "int"),
     Flag(("--speculative-ngram-min-match-window-size",), "spec_ngram_min", "int"),
-    _passthrough(("--trust-remote-code",), "bool"),
+    _passthrough(("--trust-remote-code",), "bool", loads="remote_code"),
     _passthrough(("--dtype",)),
     _passthrough(("--quantization",)),
     _passthrough(("--max-running-requests",), "int"),
@@ -76,10 +76,10 @@ FLAGS = (
     _passthrough(("--log-level",)),
     _passthrough(("--enable-metrics",), "bool"),
     _passthrough(("--api-key",)),
-    _passthrough(("--chat-template",)),
+    _passthrough(("--chat-template",), loads="chat_template"),
     _passthrough(("--reasoning-parser",)),
     _passthrough(("--tool-call-parser",)),
-    _passthrough(("--tokenizer-path",)),
+    _passthrough(("--tokenizer-path",), loads="tokenizer"),
     _passthrough(("--decode-log-interval",), "int"),
     _passthrough(("--enable-torch-compile",), "bool"),
     _passthrough(("--page-size",), "int"),
@@ -88,7 +88,7 @@ FLAGS = (
     _passthrough(("--moe-a2a-backend",)),
     _passthrough(("--enable-mixed-chunk",), "bool"),
     _passthrough(("--enable-cache-report",), "bool"),
-    _passthrough(("--download-dir",)),
+    _passthrough(("--download-dir",), loads="download_dir"),
 )
 
 SERVING_DESTS = ("max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "enforce_eager",

@@ -18,7 +18,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from lab.config import LINEAR_BACKENDS, LOAD_FORMATS, LOAD_STRATEGIES, MOE_BACKENDS
+from lab.config import LINEAR_BACKENDS, LOAD_FORMATS, LOAD_STRATEGIES, MOE_BACKENDS, shown
 from lab.engines.base import (
     MASTER_PORT,
     Engine,
@@ -55,14 +55,18 @@ def human_int(text: str) -> int:
 
 
 def json_object(text: str) -> dict[str, Any]:
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(text[:60]) from None  # nested past the interpreter's limit
     if not isinstance(value, dict):
         raise ValueError(text)
     return value
 
 
-def _passthrough(names: tuple[str, ...], kind: str = "str", choices: tuple[str, ...] = ()) -> Flag:
-    return Flag(names, "extra:" + names[0], kind, choices=choices, passthrough=True)
+def _passthrough(names: tuple[str, ...], kind: str = "str", choices: tuple[str, ...] = (),
+                 loads: str = "") -> Flag:
+    return Flag(names, "extra:" + names[0], kind, choices=choices, passthrough=True, loads=loads)
 
 
 FLAGS = (
@@ -88,7 +92,7 @@ FLAGS = (
     Flag(("--linear-backend",), "linear_backend", choices=LINEAR_BACKENDS["vllm"]),
     Flag(("--speculative-config",), "speculative_config", convert=json_object, type_name="JSON"),
     # Known flags that do not change what the diagnostic measures: kept in extra_args.
-    _passthrough(("--trust-remote-code",), "bool"),
+    _passthrough(("--trust-remote-code",), "bool", loads="remote_code"),
     _passthrough(("--dtype",), choices=("auto", "half", "float16", "bfloat16", "float", "float32")),
     _passthrough(("--quantization", "-q")),
     _passthrough(("--max-num-seqs",), "int"),
@@ -99,11 +103,11 @@ FLAGS = (
     _passthrough(("--block-size",), "int"),
     _passthrough(("--swap-space",), "float"),
     _passthrough(("--seed",), "int"),
-    _passthrough(("--tokenizer",)),
+    _passthrough(("--tokenizer",), loads="tokenizer"),
     _passthrough(("--tokenizer-mode",)),
-    _passthrough(("--chat-template",)),
-    _passthrough(("--generation-config",)),
-    _passthrough(("--download-dir",)),
+    _passthrough(("--chat-template",), loads="chat_template"),
+    _passthrough(("--generation-config",), loads="generation_config"),
+    _passthrough(("--download-dir",), loads="download_dir"),
     _passthrough(("--enable-auto-tool-choice",), "bool"),
     _passthrough(("--tool-call-parser",)),
     _passthrough(("--reasoning-parser",)),
@@ -116,7 +120,7 @@ FLAGS = (
     _passthrough(("--max-log-len",), "int"),
     _passthrough(("--disable-custom-all-reduce",), "bool"),
     _passthrough(("--max-cudagraph-capture-size",), "int"),
-    _passthrough(("--compilation-config",)),
+    _passthrough(("--compilation-config",), loads="compilation_config"),
     _passthrough(("--enable-eplb",), "bool"),
     _passthrough(("--all2all-backend",)),
     _passthrough(("--attention-backend",)),
@@ -131,13 +135,13 @@ def _speculative_from_json(spec: Mapping[str, Any]) -> dict[str, Any]:
     flag = "--speculative-config"
     for key in spec:
         if key not in SPEC_KEYS:
-            raise EngineArgError(flag, f"argument {flag}: key {key!r} is not supported; "
+            raise EngineArgError(flag, f"argument {flag}: key {shown(key)} is not supported; "
                                        f"accepted: {', '.join(SPEC_KEYS)}", PROG)
     method = spec.get("method")
     if method is None and spec.get("model") in ("ngram", "[ngram]"):
         method = "ngram"  # older vLLM named the n-gram proposer through "model"
     if method not in SPEC_METHODS_FROM_JSON:
-        raise EngineArgError(flag, f"argument {flag}: method {method!r} is not supported; "
+        raise EngineArgError(flag, f"argument {flag}: method {shown(method)} is not supported; "
                                    "use one of eagle3, ngram, mtp", PROG)
     out: dict[str, Any] = {"method": SPEC_METHODS_FROM_JSON[method]}
     if "num_speculative_tokens" not in spec:

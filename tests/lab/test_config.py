@@ -52,10 +52,10 @@ def test_normalizing_a_normalized_config_changes_nothing() -> None:
 
 
 def test_it_returns_a_new_dict_and_leaves_the_input_alone() -> None:
-    data = {"env": {"B": 1, "A": "x"}}
+    data = {"env": {"NCCL_B": 1, "NCCL_A": "x"}}
     config = normalize_config(data)
-    assert data == {"env": {"B": 1, "A": "x"}}
-    assert config["env"] == {"A": "x", "B": "1"}
+    assert data == {"env": {"NCCL_B": 1, "NCCL_A": "x"}}
+    assert config["env"] == {"NCCL_A": "x", "NCCL_B": "1"}
 
 
 def test_a_bad_kv_cache_dtype_is_named_with_the_accepted_values() -> None:
@@ -166,16 +166,17 @@ def test_workloads_are_a_nonempty_subset_in_canonical_order() -> None:
 
 
 def test_env_values_become_strings_and_booleans_become_1_or_0() -> None:
-    env = normalize_config({"env": {"A": 1, "B": 0.5, "C": True, "D": False, "E": "x"}})["env"]
-    assert env == {"A": "1", "B": "0.5", "C": "1", "D": "0", "E": "x"}
+    env = normalize_config({"env": {"NCCL_A": 1, "NCCL_B": 0.5, "NCCL_C": True, "NCCL_D": False,
+                                    "NCCL_E": "x"}})["env"]
+    assert env == {"NCCL_A": "1", "NCCL_B": "0.5", "NCCL_C": "1", "NCCL_D": "0", "NCCL_E": "x"}
 
 
 @pytest.mark.parametrize(("env", "field"), [
     ({"1BAD": "x"}, "env.1BAD"),
     ({"A-B": "x"}, "env.A-B"),
-    ({"A": ["x"]}, "env.A"),
-    ({"A": None}, "env.A"),
-    ({"A": "two\nlines"}, "env.A"),
+    ({"NCCL_A": ["x"]}, "env.NCCL_A"),
+    ({"NCCL_A": None}, "env.NCCL_A"),
+    ({"NCCL_A": "two\nlines"}, "env.NCCL_A"),
 ])
 def test_env_names_and_values_are_checked(env: dict, field: str) -> None:
     assert error_of({"env": env}).field == field
@@ -345,18 +346,18 @@ def test_a_launch_command_stands_for_the_structured_fields() -> None:
 
 
 def test_a_launch_command_with_a_field_it_sets_is_ambiguous() -> None:
-    err = error_of({"launch_command": "vllm serve /m", "parallel": {"tp": 2}})
+    err = error_of({"launch_command": "vllm serve /models/kimi-k2", "parallel": {"tp": 2}})
     assert err.field == "parallel"
     assert "launch_command" in str(err)
 
 
 def test_an_engine_name_that_disagrees_with_the_command_is_refused() -> None:
-    err = error_of({"launch_command": "vllm serve /m", "engine": {"name": "sglang"}})
+    err = error_of({"launch_command": "vllm serve /models/kimi-k2", "engine": {"name": "sglang"}})
     assert err.field == "engine.name"
 
 
 def test_a_launch_command_error_names_the_token() -> None:
-    err = error_of({"launch_command": "vllm serve /m --tensor-parallel-size x"})
+    err = error_of({"launch_command": "vllm serve /models/kimi-k2 --tensor-parallel-size x"})
     assert err.field == "launch_command"
     assert "--tensor-parallel-size" in str(err) and "'x'" in str(err)
 

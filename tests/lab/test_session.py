@@ -30,11 +30,11 @@ port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 
 with open(os.path.join(os.getcwd(), "engine-argv.json"), "w") as fh:
     env = {{k: v for k, v in os.environ.items() if k.startswith(("NCCL", "VLLM"))}}
     json.dump({{"argv": sys.argv, "env": env}}, fh)
-if os.environ.get("FAKE_ENGINE_FAIL"):
+if os.environ.get("VLLM_FAKE_ENGINE_FAIL"):
     # As vLLM refuses a KV cache that cannot hold one request: an uncaught exception, whose
     # traceback Python prints on stderr (the agent sends it to the log) before exiting 1.
     print("INFO 10-11 10:42:13 [gpu_worker.py:298] Available KV cache memory: 0.37 GiB", flush=True)
-    raise ValueError("not enough memory for KV cache: " + os.environ["FAKE_ENGINE_FAIL"])
+    raise ValueError("not enough memory for KV cache: " + os.environ["VLLM_FAKE_ENGINE_FAIL"])
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
@@ -109,7 +109,7 @@ def test_a_hostile_configuration_value_reaches_the_engine_as_one_literal_argumen
 def test_a_launch_that_dies_says_what_the_engine_said(session: LabSession) -> None:
     config = one_node_config()
     why = "the estimated maximum model length is 1863"
-    config["env"] = {"FAKE_ENGINE_FAIL": why}
+    config["env"] = {"VLLM_FAKE_ENGINE_FAIL": why}
     with pytest.raises(LaunchFailed) as info:
         session.launch(config, cold=False, timeout_s=60)
     failed = info.value

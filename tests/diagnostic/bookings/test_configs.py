@@ -93,3 +93,11 @@ def test_a_rejected_submission_stores_nothing() -> None:
     with pytest.raises(ValidationError):
         submit_configuration(raw_text="schema: diagnostic.config/1\nparallel: {tp: 0}\n", source="yaml")
     assert ClusterConfiguration.objects.count() == 0
+
+
+@pytest.mark.parametrize("raw", ['{"parallel": {"tp": ' + "9" * 5000 + "}}", "[" * 100000,
+                                 '{"cluster": {"link_gbps": Infinity}}'])
+def test_form_data_beyond_the_json_decoders_limits_is_a_field_error(raw: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        normalize_submission(raw, ClusterConfiguration.Source.FORM)
+    assert "raw_text" in info.value.message_dict

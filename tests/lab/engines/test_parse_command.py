@@ -20,44 +20,47 @@ def test_continuations_quoting_and_env_prefixes_are_understood() -> None:
         "NCCL_SOCKET_IFNAME=enp1s0f0np0 NCCL_IB_HCA='rocep1s0f0,roceP2p1s0f0' \\\n"
         "  vllm serve /models/kimi-k2 \\\n"
         "    --tensor-parallel-size 8 --enable-expert-parallel \\\n"
-        "    --speculative-config '{\"method\": \"eagle3\", \"model\": \"AQ-MedAI/d\",\n"
+        "    --speculative-config '{\"method\": \"eagle3\",\n"
+        "      \"model\": \"AQ-MedAI/Kimi-K2-Instruct-eagle3\",\n"
         "                           \"num_speculative_tokens\": 3}'\n")
     assert config["env"] == {"NCCL_IB_HCA": "rocep1s0f0,roceP2p1s0f0",
                              "NCCL_SOCKET_IFNAME": "enp1s0f0np0"}
     assert config["parallel"] == {"tp": 8, "pp": 1, "expert_parallel": True}
-    assert config["speculative"]["draft_model"] == "AQ-MedAI/d"
+    assert config["speculative"]["draft_model"] == "AQ-MedAI/Kimi-K2-Instruct-eagle3"
     assert config["speculative"]["num_speculative_tokens"] == 3
 
 
 def test_export_lines_comments_and_prompts_are_read() -> None:
     config = parse_command("# our launch\n"
                            "$ export VLLM_USE_FLASHINFER_MOE_FP4=1\n"
-                           "export VLLM_NVFP4_GEMM_BACKEND=cutlass; vllm serve /m  # head\n")
+                           "export VLLM_NVFP4_GEMM_BACKEND=cutlass; vllm serve /models/kimi-k2  # head\n")
     assert config["env"] == {"VLLM_NVFP4_GEMM_BACKEND": "cutlass",
                              "VLLM_USE_FLASHINFER_MOE_FP4": "1"}
-    assert config["model"]["path"] == "/m"
+    assert config["model"]["path"] == "/models/kimi-k2"
 
 
 def test_output_plumbing_after_the_command_is_dropped() -> None:
-    config = parse_command("nohup vllm serve /m --enforce-eager 2>&1 | tee vllm.log &")
+    config = parse_command("nohup vllm serve /models/kimi-k2 --enforce-eager 2>&1 | tee vllm.log &")
     assert config["serving"]["enforce_eager"] is True
     assert config["extra_args"] == []
 
 
 def test_quoted_shell_characters_stay_part_of_their_argument() -> None:
-    config = parse_command("vllm serve '/models/a;b' --served-model-name 'k2 | prod'")
-    assert config["model"] == {"id": "k2 | prod", "quantization": "nvfp4", "path": "/models/a;b"}
+    config = parse_command("vllm serve '/models/kimi-k2' --served-model-name 'k2 | prod' "
+                           "--api-key 'a;b $(x)'")
+    assert config["model"] == {"id": "k2 | prod", "quantization": "nvfp4", "path": "/models/kimi-k2"}
+    assert config["extra_args"] == ["--api-key", "a;b $(x)"]
 
 
 def test_per_node_flags_are_read_and_ignored() -> None:
-    worker = parse_command("vllm serve /m -tp 8 --nnodes 8 --node-rank 3 --master-addr 10.0.0.1 "
+    worker = parse_command("vllm serve /models/kimi-k2 -tp 8 --nnodes 8 --node-rank 3 --master-addr 10.0.0.1 "
                            "--master-port 29500 --headless --host 0.0.0.0 --port 9000")
-    head = parse_command("vllm serve /m -tp 8")
+    head = parse_command("vllm serve /models/kimi-k2 -tp 8")
     assert worker == head
 
 
 def test_what_a_command_cannot_say_is_derived_or_defaulted() -> None:
-    config = parse_command("vllm serve /m --tensor-parallel-size 4 --pipeline-parallel-size 2")
+    config = parse_command("vllm serve /models/kimi-k2 --tensor-parallel-size 4 --pipeline-parallel-size 2")
     assert config["cluster"] == {"nodes": 8, "node_type": "dgx-spark", "link_gbps": 100.0}
     assert config["engine"] == {"name": "vllm", "version": "0.29.1"}
     assert config["workloads"] == ["code", "prose"]
@@ -65,26 +68,26 @@ def test_what_a_command_cannot_say_is_derived_or_defaulted() -> None:
 
 
 def test_engine_defaults_fill_what_the_command_leaves_out() -> None:
-    serving = parse_command("vllm serve /m")["serving"]
+    serving = parse_command("vllm serve /models/kimi-k2")["serving"]
     assert serving["gpu_memory_utilization"] == 0.9
     assert serving["kv_cache_dtype"] == "auto"
     assert serving["load_format"] == "auto"
 
 
 def test_the_older_python_entrypoint_takes_model_as_a_flag() -> None:
-    config = parse_command("python3 -m vllm.entrypoints.openai.api_server --model /m "
+    config = parse_command("python3 -m vllm.entrypoints.openai.api_server --model /models/kimi-k2 "
                            "--served-model-name k2 --max-model-len 64K")
-    assert config["model"]["path"] == "/m"
+    assert config["model"]["path"] == "/models/kimi-k2"
     assert config["model"]["id"] == "k2"
     assert config["serving"]["max_model_len"] == 65536
 
 
 def test_an_sglang_command_is_read() -> None:
     config = parse_command(
-        "python3 -m sglang.launch_server --model-path /m --tp 8 --ep-size 8 "
+        "python3 -m sglang.launch_server --model-path /models/kimi-k2 --tp 8 --ep-size 8 "
         "--dist-init-addr 10.0.0.1:5000 --nnodes 8 --node-rank 0 --trust-remote-code "
         "--kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.8 --moe-runner-backend cutlass "
-        "--speculative-algorithm EAGLE3 --speculative-draft-model-path AQ-MedAI/d "
+        "--speculative-algorithm EAGLE3 --speculative-draft-model-path AQ-MedAI/Kimi-K2-Instruct-eagle3 "
         "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
     assert config["engine"]["name"] == "sglang"
     assert config["parallel"] == {"tp": 8, "pp": 1, "expert_parallel": True}
@@ -97,20 +100,20 @@ def test_an_sglang_command_is_read() -> None:
 
 
 def test_jit_cache_variables_mean_a_persisted_cache() -> None:
-    config = parse_command("VLLM_CACHE_ROOT=/cache/vllm vllm serve /m")
+    config = parse_command("VLLM_CACHE_ROOT=/cache/vllm vllm serve /models/kimi-k2")
     assert config["serving"]["jit_cache"] == "persisted"
     assert config["env"] == {}
 
 
 def test_known_harmless_flags_travel_in_extra_args_verbatim() -> None:
-    config = parse_command("vllm serve /m --trust-remote-code --max-num-seqs=4 "
+    config = parse_command("vllm serve /models/kimi-k2 --trust-remote-code --max-num-seqs=4 "
                            "--tool-call-parser kimi_k2")
     assert config["extra_args"] == ["--trust-remote-code", "--max-num-seqs=4",
                                     "--tool-call-parser", "kimi_k2"]
 
 
 def test_an_unknown_flag_is_named() -> None:
-    assert command_error("vllm serve /m --data-parallel-size 2") == (
+    assert command_error("vllm serve /models/kimi-k2 --data-parallel-size 2") == (
         "launch_command: '--data-parallel-size' is not a vllm flag the diagnostic knows; "
         "remove it, or ask us to add it")
 
@@ -121,20 +124,20 @@ def test_a_stray_argument_is_named() -> None:
 
 
 def test_a_bad_value_names_its_flag() -> None:
-    assert command_error("vllm serve /m --gpu-memory-utilization 1.5").startswith(
+    assert command_error("vllm serve /models/kimi-k2 --gpu-memory-utilization 1.5").startswith(
         "launch_command: --gpu-memory-utilization: 1.5 is not accepted")
     assert "argument --tensor-parallel-size: invalid int value: 'eight'" in \
-        command_error("vllm serve /m --tensor-parallel-size eight")
+        command_error("vllm serve /models/kimi-k2 --tensor-parallel-size eight")
 
 
 def test_a_container_wrapper_is_refused_naming_the_token() -> None:
     message = command_error("docker run --gpus all -e NCCL_IB_HCA=x vllm/vllm-openai:latest "
-                            "vllm serve /m")
+                            "vllm serve /models/kimi-k2")
     assert message.startswith("launch_command: 'docker': container and scheduler wrappers")
 
 
 def test_something_that_is_not_an_engine_launch_is_named() -> None:
-    assert "'vllm bench'" in command_error("vllm bench serve --model /m")
+    assert "'vllm bench'" in command_error("vllm bench serve --model /models/kimi-k2")
     assert "'python3'" in command_error("python3 train.py")
 
 
@@ -143,7 +146,7 @@ def test_two_commands_are_refused() -> None:
 
 
 def test_an_unbalanced_quote_is_reported() -> None:
-    assert "check the quotes" in command_error("vllm serve /m --served-model-name 'k2")
+    assert "check the quotes" in command_error("vllm serve /models/kimi-k2 --served-model-name 'k2")
 
 
 def test_text_without_a_command_is_refused() -> None:

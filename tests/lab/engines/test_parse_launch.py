@@ -16,6 +16,7 @@ from lab.config import (
     LOAD_FORMATS,
     MAX_MODEL_LEN,
     MOE_BACKENDS,
+    env_name_problem,
 )
 from lab.engines import (
     UNCARRIED,
@@ -233,8 +234,11 @@ EXTRA_ARGS = {
 ARGUMENT_TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1,
                         max_size=24).filter(lambda s: s.strip() and not s.startswith("-"))
 ENV_VALUE = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=24)
-ENV_NAME = st.from_regex(r"[A-Z_][A-Z0-9_]{0,15}", fullmatch=True).filter(
-    lambda name: name not in JIT_CACHE_ENV)
+ENV_NAME = st.from_regex(r"(NCCL|VLLM|SGLANG|CUDA|UCX)_[A-Z0-9_]{1,12}", fullmatch=True).filter(
+    lambda name: name not in JIT_CACHE_ENV and env_name_problem(name) is None)
+# What the lab's catalog holds (lab/catalog.yaml): a model by its path or id, its draft.
+MODEL_PATHS = st.sampled_from(["/models/kimi-k2", "moonshotai/Kimi-K2-Instruct-0905"])
+DRAFTS = st.sampled_from(["AQ-MedAI/Kimi-K2-Instruct-eagle3", "/models/kimi-k2-eagle3"])
 
 
 @st.composite
@@ -246,7 +250,7 @@ def configs(draw: st.DrawFn, engine: str) -> dict[str, Any]:
     if method is not None:
         speculative = {"method": method, "num_speculative_tokens": draw(st.integers(1, 16))}
         if method == "eagle3":
-            speculative["draft_model"] = draw(ARGUMENT_TEXT)
+            speculative["draft_model"] = draw(DRAFTS)
         if method == "ngram":
             low = draw(st.none() | st.integers(1, 8))
             high = draw(st.none() | st.integers(low or 1, 16))
@@ -254,7 +258,7 @@ def configs(draw: st.DrawFn, engine: str) -> dict[str, Any]:
     extra = draw(st.lists(st.sampled_from(EXTRA_ARGS[engine]), max_size=3))
     return normalize_config({
         "engine": {"name": engine},
-        "model": {"id": draw(ARGUMENT_TEXT), "path": draw(ARGUMENT_TEXT)},
+        "model": {"id": draw(ARGUMENT_TEXT), "path": draw(MODEL_PATHS)},
         "parallel": {"tp": tp, "pp": pp, "expert_parallel": draw(st.booleans())},
         "serving": {
             "max_model_len": draw(st.integers(1, MAX_MODEL_LEN)),

@@ -24,7 +24,9 @@ ROLES = ("head", "worker")
 
 DEFAULTS: dict[str, Any] = {
     "port": 22,
-    "user": "root",
+    # Not root: the account the agent runs as over SSH. Its engines then run unprivileged,
+    # and drop-caches goes through one sudo rule (lab/agent/README.md, "Engine user").
+    "user": "diag",
     "key_file": "~/.ssh/id_ed25519",
     "role": "worker",
     "mgmt_nic": "enP7s7",

@@ -9,7 +9,15 @@ object on stdout (docs/lab-contracts.md, schema.json beside this file) and exits
 success, 2 on a usage error, 1 on any other failure.
 
 Nodes have only python3, so nothing outside the standard library is imported (torch only
-inside fp4-probe, when the node has it), and the syntax stays within Python 3.8.
+inside fp4-probe, when the node has it), and the code stays within Python 3.8 (the
+oldest interpreter its tests run under; README.md; 3.7 lacks importlib.metadata).
+
+The engine runs customers' configurations, so it never runs with the agent's privileges
+or environment: when the agent is root it starts the engine as the node's service user
+(`engine_user` in the node's own config file), always with a fixed PATH and an
+environment built from allow-lists, and it refuses a spec whose env names a variable a
+configuration may not set. Only drop-caches needs privilege: as root it writes the file
+itself, otherwise it asks `sudo -n` for the one command a narrow sudoers rule allows.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import hashlib
 import json
 import os
 import platform
+import pwd
 import random
 import shutil
 import signal
@@ -56,6 +65,41 @@ DEFAULT_LOG_MAX = 1 << 20
 NVIDIA_SMI_TIMEOUT_S = 10.0
 IP_COMMAND_TIMEOUT_S = 10.0
 SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors whatever the device's size
+
+# The node's own settings, written by its operator (README.md, "Engine user"); the
+# platform cannot change them. LAB_AGENT_CONFIG points elsewhere (tests).
+NODE_CONFIG = os.environ.get("LAB_AGENT_CONFIG") or "/etc/gb10-diag/agent.json"
+NODE_CONFIG_DEFAULTS: dict[str, Any] = {
+    "engine_user": "diag",  # who runs the engine when the agent is root
+    "engine_path": "/usr/local/bin:/usr/bin:/bin",  # the engine's PATH, whatever the agent's
+    "engine_env": {},  # the operator's own additions (HF_HOME, CUDA_HOME, ...)
+}
+# Engines run offline: a model or draft named by id resolves only to the copy the lab
+# placed in its cache, never to a download (the operator's engine_env may say otherwise).
+ENGINE_ENV_FIXED = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# What the engine keeps of the agent's own environment: locale and time zone only.
+AGENT_ENV_KEPT = ("LANG", "LANGUAGE", "TZ")
+AGENT_ENV_KEPT_PREFIXES = ("LC_",)
+# The variables a launch spec may set: lab/config.py's ENV_FAMILIES, ENV_NAMES and
+# ENV_REFUSED_WORDS, repeated here because the agent imports nothing (a test keeps the
+# copies equal). The platform refuses the others before a spec is written; the agent
+# refuses them again so a spec written by anything else cannot set them either.
+ENV_FAMILIES = ("NCCL_", "VLLM_", "SGLANG_", "SGL_", "FLASHINFER_", "CUDA_", "TORCH_",
+                "TORCHINDUCTOR_", "UCX_", "NVSHMEM_", "GLOO_", "TRITON_")
+ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+             "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
+             "NVIDIA_TF32_OVERRIDE", "MAX_JOBS")
+ENV_REFUSED_WORDS = ("PLUGIN", "PLUGINS", "MODULE", "MODULES", "LIBRARY", "LIB", "PRELOAD",
+                     "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "ROOT", "HOME", "BASE",
+                     "PROXY", "ENDPOINT", "URL", "URI", "HOST", "ADDR", "PORT", "MODELSCOPE",
+                     "REMOTE", "INSECURE", "LORA", "HUB")
+# The JIT cache variables the platform renders from serving.jit_cache (to the node's
+# cache_dir): the one place a path may reach the engine's environment.
+JIT_CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")
+# drop-caches without root: the one command the sudoers rule allows (README.md).
+SUDO = os.environ.get("LAB_AGENT_SUDO") or "/usr/bin/sudo"
+DROP_CACHES_SUDO = ("-n", "/usr/bin/tee", "/proc/sys/vm/drop_caches")
+SUDO_TIMEOUT_S = 30.0
 
 FP4_BACKENDS = ("reference", "cutlass", "flashinfer_cutlass")
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -772,6 +816,116 @@ def work_dir(args: argparse.Namespace) -> str:
     return os.path.abspath(args.work_dir or os.path.dirname(agent_file()))
 
 
+def env_name_problem(name: str) -> str | None:
+    """Why a launch spec may not set `name` (None when it may); lab.config's rule."""
+    if name in JIT_CACHE_ENV:
+        return None
+    if name not in ENV_NAMES and not name.startswith(ENV_FAMILIES):
+        return ("is not a variable an engine may be given; accepted: "
+                + ", ".join(f + "*" for f in ENV_FAMILIES) + ", " + ", ".join(ENV_NAMES))
+    words = set(name.upper().split("_"))
+    refused = [w for w in ENV_REFUSED_WORDS if w in words]
+    if refused:
+        return f"names a {refused[0].lower()}; the node sets those, not a launch spec"
+    return None
+
+
+def node_config() -> dict[str, Any]:
+    """The operator's settings (NODE_CONFIG) over the defaults; a missing file is the
+    defaults, a malformed one refuses the launch rather than guess."""
+    config = dict(NODE_CONFIG_DEFAULTS)
+    try:
+        with open(NODE_CONFIG, encoding="utf-8") as f:
+            given = json.load(f)
+    except FileNotFoundError:
+        return config
+    except (OSError, ValueError) as exc:
+        raise AgentError("not_permitted", f"node config {NODE_CONFIG}: cannot read it ({exc})") from exc
+    if not isinstance(given, dict):
+        raise AgentError("not_permitted", f"node config {NODE_CONFIG}: must hold a JSON object")
+    for key, value in given.items():
+        if key not in NODE_CONFIG_DEFAULTS:
+            raise AgentError("not_permitted", f"node config {NODE_CONFIG}: unknown key {key!r}; "
+                             f"accepted: {', '.join(sorted(NODE_CONFIG_DEFAULTS))}")
+        expected = type(NODE_CONFIG_DEFAULTS[key])
+        if not isinstance(value, expected) or (key == "engine_env" and not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items())):
+            raise AgentError("not_permitted", f"node config {NODE_CONFIG}: {key} must be a "
+                             f"{'mapping of strings' if key == 'engine_env' else 'string'}")
+        config[key] = value
+    return config
+
+
+class EngineUser:
+    """Who the engine runs as: the service user when the agent is root, else the agent's
+    own (unprivileged) user."""
+
+    def __init__(self, entry: Any, switch: bool) -> None:
+        self.name = entry.pw_name
+        self.uid = entry.pw_uid
+        self.gid = entry.pw_gid
+        self.home = entry.pw_dir
+        self.switch = switch  # setuid needed (the agent is root, the user is not)
+        self.groups = os.getgrouplist(self.name, self.gid) if switch else []
+
+
+def engine_user(config: dict[str, Any]) -> EngineUser:
+    if os.geteuid() != 0:
+        return EngineUser(pwd.getpwuid(os.geteuid()), switch=False)
+    name = config["engine_user"]
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise AgentError("not_permitted", f"launch: the agent runs as root and the engine user "
+                         f"{name!r} does not exist; create it (useradd --system {name}) or set "
+                         f"engine_user in {NODE_CONFIG}. An engine is never started as root "
+                         "unless engine_user says root") from None
+    return EngineUser(entry, switch=entry.pw_uid != 0)
+
+
+def engine_environment(spec_env: dict[str, str], config: dict[str, Any],
+                       user: EngineUser) -> dict[str, str]:
+    """The engine's whole environment: the agent's locale, the offline switches, the
+    operator's engine_env, the spec's (already allow-listed) variables, and PATH, HOME,
+    USER fixed last. Nothing else of the agent's environment (LD_*, PYTHON*, proxies,
+    the SSH session's variables) reaches the engine."""
+    env = {k: v for k, v in os.environ.items()
+           if k in AGENT_ENV_KEPT or k.startswith(AGENT_ENV_KEPT_PREFIXES)}
+    env.update(ENGINE_ENV_FIXED)
+    env.update(config["engine_env"])
+    env.update(spec_env)
+    env.update({"PATH": config["engine_path"], "HOME": user.home, "USER": user.name,
+                "LOGNAME": user.name})
+    return env
+
+
+def resolve_program(program: str, path: str) -> str:
+    """argv[0] found on the engine's PATH, not the agent's (an absolute path as given)."""
+    if "/" in program:
+        return program
+    found = shutil.which(program, path=path)
+    if found is None:
+        raise AgentError("launch_failed", f"cannot start {program!r}: not found on the engine "
+                         f"PATH {path} (engine_path in {NODE_CONFIG})")
+    return found
+
+
+def privilege_drop(user: EngineUser) -> dict[str, Any]:
+    """Popen arguments that start the engine as `user` (none when no switch is needed).
+    Python 3.9 has user/group/extra_groups; before, the same three calls in the child."""
+    if not user.switch:
+        return {}
+    if sys.version_info >= (3, 9):  # noqa: UP036 - the agent also runs on 3.8
+        return {"user": user.uid, "group": user.gid, "extra_groups": user.groups}
+
+    def drop() -> None:
+        os.setgroups(user.groups)
+        os.setgid(user.gid)
+        os.setuid(user.uid)
+
+    return {"preexec_fn": drop}
+
+
 def load_spec(path: str, base: str) -> tuple[dict[str, Any], str]:
     """The launch spec, checked field by field (relative paths resolve against `base`),
     and the sha256 of the file's bytes exactly as read: what `status` later reports, so the
@@ -801,6 +955,10 @@ def load_spec(path: str, base: str) -> tuple[dict[str, Any], str]:
     if not isinstance(env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise bad("env", "must map variable names to string values")
+    for name in sorted(env):
+        problem = env_name_problem(name)
+        if problem is not None:
+            raise AgentError("invalid_spec", f"spec.env.{name}: {problem}")
     log_file = spec.get("log_file")
     if not isinstance(log_file, str) or not log_file:
         raise bad("log_file", "must be a file path")
@@ -849,9 +1007,15 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
                          f"{exc.strerror}") from exc
     record_path = os.path.join(wd, ENGINE_RECORD)
     exit_path = os.path.join(wd, ENGINE_EXIT)
-    env = dict(os.environ)
-    env.update(spec["env"])
-    argv = spec["argv"]
+    try:
+        config = node_config()
+        user = engine_user(config)
+        env = engine_environment(spec["env"], config, user)
+        argv = [resolve_program(spec["argv"][0], env["PATH"]), *spec["argv"][1:]]
+    except AgentError:
+        os.close(log_fd)
+        raise
+    drop = privilege_drop(user)
 
     def supervise(ready: ReadyPipe) -> None:
         # The supervisor leads the engine's process group: `stop` signals the group, and
@@ -867,7 +1031,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
             # A list argv and no shell: every argument reaches the engine as written.
             proc = subprocess.Popen(
                 argv, env=env, cwd=spec["cwd"], stdin=subprocess.DEVNULL, stdout=log_fd,
-                stderr=subprocess.STDOUT, close_fds=True,
+                stderr=subprocess.STDOUT, close_fds=True, **drop,
             )
         except OSError as exc:
             raise AgentError("launch_failed", f"cannot start {argv[0]!r}: {exc.strerror or exc} "
@@ -881,6 +1045,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
                 "pgid": me, "group_since": me_stat.starttime if me_stat else 0,
                 "boot_id": boot, "started": started, "log_file": spec["log_file"],
                 "spec": os.path.abspath(args.spec), "spec_sha256": spec_sha256, "argv": argv,
+                "user": user.name,
             })
         except OSError:
             # An engine that stop and status cannot find must not keep running.
@@ -974,22 +1139,42 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
 def drop_caches(args: argparse.Namespace) -> dict[str, Any]:
-    hint = ("dropping the page cache needs root on a host whose /proc/sys is writable "
-            "(containers usually mount it read-only); without it a start is not cold")
-    if os.geteuid() != 0:
-        raise AgentError("not_permitted", f"drop-caches: running as uid {os.geteuid()}; {hint}")
+    hint = ("dropping the page cache needs root, or the sudoers rule that lets this user run "
+            f"`sudo {' '.join(DROP_CACHES_SUDO)}` (README.md), on a host whose /proc/sys is "
+            "writable (containers usually mount it read-only); without it a start is not cold")
     before = meminfo().get("Cached", 0)
     os.sync()  # dirty pages cannot be dropped; write them back first
-    try:
-        with open(DROP_CACHES, "w") as f:
-            f.write("3\n")
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
-            raise AgentError("not_permitted", f"drop-caches: cannot write 3 to {DROP_CACHES}: "
-                             f"{exc.strerror}; {hint}") from exc
-        raise
+    if os.geteuid() == 0:
+        try:
+            with open(DROP_CACHES, "w") as f:
+                f.write("3\n")
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
+                raise AgentError("not_permitted", f"drop-caches: cannot write 3 to {DROP_CACHES}: "
+                                 f"{exc.strerror}; {hint}") from exc
+            raise
+    else:
+        drop_caches_with_sudo(hint)
     return {"dropped": True, "mem_cached_kib_before": before,
             "mem_cached_kib_after": meminfo().get("Cached", 0)}
+
+
+def drop_caches_with_sudo(hint: str) -> None:
+    """Write 3 through the one command the sudoers rule allows; -n: never a prompt."""
+    uid = os.geteuid()
+    try:
+        res = subprocess.run([SUDO, *DROP_CACHES_SUDO], input=b"3\n", stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, timeout=SUDO_TIMEOUT_S)
+    except FileNotFoundError:
+        raise AgentError("not_permitted", f"drop-caches: running as uid {uid} and {SUDO} is "
+                         f"not installed; {hint}") from None
+    except subprocess.TimeoutExpired:
+        raise AgentError("not_permitted", f"drop-caches: running as uid {uid}; sudo did not "
+                         f"answer within {SUDO_TIMEOUT_S:g} s; {hint}") from None
+    if res.returncode != 0:
+        said = " ".join(res.stderr.decode("utf-8", "replace").split())[:200]
+        raise AgentError("not_permitted", f"drop-caches: running as uid {uid}; sudo refused "
+                         f"({said or 'exit ' + str(res.returncode)}); {hint}")
 
 
 # -- FP4 probe ----------------------------------------------------------------------------

@@ -240,7 +240,7 @@ class SimLab:
             "time_origin": self.clock.origin,
             "known_hosts": self.known_hosts_path.name,
             "defaults": {
-                "user": "root",
+                "user": "diag",  # as on a real lab: never root (lab/agent/README.md)
                 "key_file": self.client_key_path.name,
                 "python": "python3",
                 "work_dir": WORK_DIR,

@@ -8,7 +8,9 @@ host-key checking, real authentication and a real shell on the far side.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -24,6 +26,29 @@ from lab.inventory import Inventory, parse_inventory
 from tests.conftest import service_missing
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+ENGINE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def write_agent_config(path: Path, engine_path: str = ENGINE_PATH) -> Path:
+    """The node config (lab/agent/README.md) for agents these tests run: the engine runs
+    as the user running the tests. When that is root, that is the explicit opt-in a
+    container needs; on a real node engine_user names an unprivileged service user."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    path.write_text(json.dumps({"engine_user": me, "engine_path": engine_path}))
+    return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def agent_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every agent the tests start in a subprocess reads this node config."""
+    path = write_agent_config(tmp_path_factory.mktemp("agent-config") / "agent.json")
+    before = os.environ.get("LAB_AGENT_CONFIG")
+    os.environ["LAB_AGENT_CONFIG"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("LAB_AGENT_CONFIG", None)
+    else:
+        os.environ["LAB_AGENT_CONFIG"] = before
 
 
 def free_port() -> int:
@@ -62,7 +87,8 @@ class Sshd:
                     "UsePAM no",
                     "StrictModes no",
                     "Subsystem sftp internal-sftp",
-                    f"SetEnv PATH={self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+                    f"SetEnv PATH={self.bin_dir}:{ENGINE_PATH} "
+                    f"LAB_AGENT_CONFIG={self.root / 'agent.json'}",
                     "LogLevel ERROR",
                 ]
             )
@@ -144,6 +170,8 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     known_hosts = root / "known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
     server = Sshd(root, port, host_key, client_key, known_hosts, root / "bin")
+    # The node's engines are found on its fixed engine PATH, which holds the test's bin.
+    write_agent_config(root / "agent.json", f"{server.bin_dir}:{ENGINE_PATH}")
     server.start()
     try:
         yield server

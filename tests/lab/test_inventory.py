@@ -37,6 +37,13 @@ def test_it_fills_defaults_and_resolves_paths_against_the_file(tmp_path: Path) -
     assert parsed.nodes[0].agent_path == "/var/lib/diag/agent.py"
 
 
+def test_the_default_ssh_user_is_not_root(tmp_path: Path) -> None:
+    # Customer configurations run on the nodes: by default the agent, and so every
+    # engine it starts, runs as the unprivileged lab account (lab/agent/README.md).
+    parsed = parse_inventory(inv(), base=tmp_path)
+    assert {n.user for n in parsed.nodes} == {"diag"}
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -4,6 +4,7 @@ checks every answer against lab/agent/schema.json before a test looks at it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -34,9 +35,21 @@ class Answer:
         return self.envelope["error"]
 
 
-def run_agent(*args: str, env: dict[str, str] | None = None, python: str = sys.executable,
+def agent_python() -> str:
+    """The interpreter that runs the agent: LAB_AGENT_PYTHON when set, so the agent's
+    tests can run under the oldest Python it supports (README.md), else this one."""
+    return os.environ.get("LAB_AGENT_PYTHON") or sys.executable
+
+
+def agent_python_version() -> str:
+    """The version of agent_python(), as the agent reports it (platform.python_version)."""
+    return subprocess.run([agent_python(), "-c", "import platform; print(platform.python_version())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def run_agent(*args: str, env: dict[str, str] | None = None, python: str | None = None,
               timeout: float = 60) -> Answer:
-    res = subprocess.run([python, str(AGENT_PATH), *args, "--json"], capture_output=True,
+    res = subprocess.run([python or agent_python(), str(AGENT_PATH), *args, "--json"], capture_output=True,
                          text=True, timeout=timeout, env=env)
     lines = res.stdout.splitlines()
     assert len(lines) == 1, f"expected one JSON line, got {res.stdout!r} (stderr {res.stderr!r})"

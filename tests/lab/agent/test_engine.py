@@ -14,7 +14,8 @@ from tests.lab.agent.conftest import proc_alive, read_pid_file, run_agent, wait_
 PRINT_ARGV_AND_ENV = (
     "import json, os, sys, time\n"
     "print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),\n"
-    "                  'probe': os.environ.get('DIAG_PROBE'), 'path': os.environ.get('PATH')}),\n"
+    "                  'probe': os.environ.get('VLLM_DIAG_PROBE'), 'path': os.environ.get('PATH'),\n"
+    "                  'env': sorted(os.environ)}),\n"
     "      flush=True)\n"
     "print('to stderr', file=sys.stderr, flush=True)\n"
     "time.sleep(60)\n"
@@ -34,14 +35,14 @@ def _spec_sha256(work_dir: Path) -> str:
 
 def test_it_runs_the_argv_without_a_shell_and_adds_the_spec_env(work_dir: Path) -> None:
     data = _launch(work_dir, [sys.executable, "-c", PRINT_ARGV_AND_ENV, *HOSTILE],
-                   env={"DIAG_PROBE": "$HOME is not expanded"})
+                   env={"VLLM_DIAG_PROBE": "$HOME is not expanded"})
     log = Path(data["log_file"])
     assert log == work_dir / "logs" / "engine.log"
     assert wait_until(lambda: log.exists() and "to stderr" in log.read_text())
     printed = json.loads(log.read_text().splitlines()[0])
     assert printed["argv"] == HOSTILE
     assert printed["probe"] == "$HOME is not expanded"
-    assert printed["path"]  # the agent's own environment is kept beneath the spec's
+    assert printed["path"] == "/usr/local/bin:/usr/bin:/bin"  # the node's engine PATH
     assert printed["cwd"] == str(work_dir)  # no cwd in the spec: the work dir
     for place in (work_dir, Path.cwd(), Path.home(), Path(log).parent):
         assert not (place / "owned").exists()

@@ -22,18 +22,18 @@ from lab.agent import (
     validate_response,
     validate_sample,
 )
-from tests.lab.agent.conftest import run_agent, wait_until
+from tests.lab.agent.conftest import agent_python, agent_python_version, run_agent, wait_until
 
 
 def test_self_check_reports_the_sha256_of_the_file_it_runs_from(tmp_path: Path) -> None:
     copy = tmp_path / "agent.py"
     copy.write_bytes(AGENT_PATH.read_bytes() + b"\n# a different file\n")
-    res = subprocess.run([sys.executable, str(copy), "self-check", "--json"],
+    res = subprocess.run([agent_python(), str(copy), "self-check", "--json"],
                          capture_output=True, text=True, check=True)
     data = json.loads(res.stdout)["data"]
     assert data["sha256"] == hashlib.sha256(copy.read_bytes()).hexdigest()
     assert data["sha256"] != agent_sha256()
-    assert data["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert data["python"] == agent_python_version()
 
 
 def test_self_check_matches_what_the_platform_pushes() -> None:
@@ -101,7 +101,7 @@ def test_it_refuses_an_abbreviated_option() -> None:
 
 
 def test_without_json_flag_it_still_prints_one_json_object() -> None:
-    res = subprocess.run([sys.executable, str(AGENT_PATH), "self-check"],
+    res = subprocess.run([agent_python(), str(AGENT_PATH), "self-check"],
                          capture_output=True, text=True, check=True)
     assert res.stdout.count("\n") > 1  # indented for a person reading a terminal
     validate_response(json.loads(res.stdout))

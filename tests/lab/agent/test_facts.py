@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.agent.conftest import run_agent
+from tests.lab.agent.conftest import agent_python_version, run_agent
 from tests.lab.agent.fake_gpu import install_fake_nvidia_smi
 
 
@@ -44,7 +44,7 @@ def test_it_reports_the_cpu_count_kernel_arch_host_and_python(facts: dict) -> No
     assert facts["kernel"] == os.uname().release
     assert facts["arch"] == os.uname().machine == platform.machine()
     assert facts["host"] == socket.gethostname()
-    assert facts["python"] == platform.python_version()
+    assert facts["python"] == agent_python_version()
 
 
 def test_it_reports_the_node_clock(facts: dict) -> None:

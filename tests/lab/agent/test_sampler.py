@@ -13,7 +13,7 @@ import pytest
 
 from lab.agent import AGENT_PATH, validate_sample
 from lab.agent.agent import Snapshot, sample, whole_disks
-from tests.lab.agent.conftest import proc_alive, run_agent, wait_until
+from tests.lab.agent.conftest import agent_python, proc_alive, run_agent, wait_until
 from tests.lab.agent.fake_gpu import install_fake_nvidia_smi
 
 
@@ -109,7 +109,7 @@ def test_user_cpu_compilers_and_gpu_rise_while_work_runs(out: Path, tmp_path: Pa
     fake_ptxas = tmp_path / "bin" / "ptxas"  # comm is the name the program was run as
     fake_ptxas.symlink_to("/bin/sleep")
     interval = 0.5
-    subprocess.run([sys.executable, str(AGENT_PATH),
+    subprocess.run([agent_python(), str(AGENT_PATH),
                     "sampler", "start", "--out", str(out), "--interval", str(interval), "--json"],
                    env=env, check=True, capture_output=True)
     time.sleep(1.6)

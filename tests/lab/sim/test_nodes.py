@@ -210,3 +210,10 @@ def test_a_killed_engine_reports_its_signal_as_a_negative_exit_code(sim_lab: Sim
     procs = launch(sim_lab, out_of_box())
     stop_all(sim_lab)
     assert wait_exit(procs[0]) == -15
+
+
+def test_the_simulated_lab_is_reached_as_an_unprivileged_user(sim_lab: SimLab) -> None:
+    from lab.inventory import load_inventory
+
+    # As a real lab should be set up (lab/agent/README.md): the SSH user is not root.
+    assert {n.user for n in load_inventory(sim_lab.inventory_path).nodes} == {"diag"}

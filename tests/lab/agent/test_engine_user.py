@@ -1,0 +1,214 @@
+"""The engine never runs with the agent's privileges or environment: as root the agent
+starts it as the node's service user, always with the node's fixed PATH and an
+environment built from allow-lists, and it refuses a spec that sets a variable a
+configuration may not; only drop-caches asks for privilege, through one sudo command."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import lab.config
+from lab.agent import AGENT_PATH, validate_response
+from tests.lab.agent.conftest import Answer, run_agent, wait_until, write_spec
+
+NOBODY = 65534
+SHOW_USER_AND_ENV = ["/bin/sh", "-c", "id -u; env"]
+
+
+def load_agent_module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("node_agent", AGENT_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def agent_with(config: dict[str, object] | str, tmp_path: Path, *args: str,
+               **env: str) -> Answer:
+    path = tmp_path / "node-agent.json"
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    return run_agent(*args, env={**os.environ, "LAB_AGENT_CONFIG": str(path), **env})
+
+
+def launched(work_dir: Path, tmp_path: Path, config: dict[str, object], argv: list[str],
+             spec_env: dict[str, str] | None = None, **agent_env: str) -> tuple[Answer, str]:
+    log = work_dir / "logs" / "engine.log"
+    spec = write_spec(work_dir / "spec.json", argv, str(log), env=spec_env)
+    ans = agent_with(config, tmp_path, "launch", "--spec", str(spec), "--work-dir", str(work_dir),
+                     **agent_env)
+    if not ans.envelope["ok"]:
+        return ans, ""
+    assert wait_until(lambda: log.exists() and "PATH=" in log.read_text())
+    return ans, log.read_text()
+
+
+def env_of(log: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in log.splitlines()[1:] if "=" in line)
+
+
+def me() -> str:
+    import pwd
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def test_the_engine_gets_the_fixed_path_and_none_of_the_agents_loader_or_python_variables(
+        work_dir: Path, tmp_path: Path) -> None:
+    config = {"engine_user": me(), "engine_path": "/usr/bin:/bin",
+              "engine_env": {"HF_HOME": "/var/cache/diag/hf"}}
+    ans, log = launched(
+        work_dir, tmp_path, config, SHOW_USER_AND_ENV, {"NCCL_SOCKET_IFNAME": "eth0"},
+        LD_LIBRARY_PATH="/tmp/evil", PYTHONPATH="/tmp/evil", PYTHONSTARTUP="/tmp/evil.py",
+        https_proxy="http://proxy.example:3128", HF_ENDPOINT="https://hub.example",
+        SSH_CONNECTION="10.0.0.1 1 10.0.0.2 22", LANG="C.UTF-8", PATH="/tmp/evil:/usr/bin:/bin")
+    assert ans.envelope["ok"], ans.envelope
+    env = env_of(log)
+    assert env["PATH"] == "/usr/bin:/bin"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"  # the spec's, allow-listed
+    assert env["HF_HOME"] == "/var/cache/diag/hf"  # the operator's
+    assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
+    assert env["LANG"] == "C.UTF-8"  # locale is kept
+    for name in ("LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "https_proxy", "HF_ENDPOINT",
+                 "SSH_CONNECTION", "LAB_AGENT_CONFIG"):
+        assert name not in env, name
+
+
+def test_argv0_is_looked_up_on_the_engine_path_not_the_agents(work_dir: Path, tmp_path: Path) -> None:
+    decoy = tmp_path / "bin"
+    decoy.mkdir()
+    (decoy / "vllm").write_text("#!/bin/sh\necho decoy\n")
+    (decoy / "vllm").chmod(0o755)
+    ans, _ = launched(work_dir, tmp_path, {"engine_user": me(), "engine_path": "/usr/bin:/bin"},
+                      ["vllm", "serve"], PATH=f"{decoy}:/usr/bin:/bin")
+    assert ans.error["code"] == "launch_failed"
+    assert "not found on the engine PATH /usr/bin:/bin" in ans.error["message"]
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PATH", "PYTHONPATH",
+                                  "HF_ENDPOINT", "HTTPS_PROXY", "NCCL_NET_PLUGIN", "UCX_MODULE_DIR",
+                                  "DIAG_ANYTHING"])
+def test_a_spec_that_sets_a_refused_variable_is_invalid(name: str, work_dir: Path) -> None:
+    path = write_spec(work_dir / "spec.json", ["true"], "engine.log", env={name: "x"})
+    ans = run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir))
+    assert ans.error["code"] == "invalid_spec"
+    assert ans.error["message"].startswith(f"spec.env.{name}:"), ans.error["message"]
+    assert not (work_dir / "engine.json").exists()
+
+
+@pytest.fixture
+def public_work_dir() -> Iterator[Path]:
+    """A work dir another user can enter (pytest's temp folders are private to root)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the agent switches users only when it runs as root")
+    root = Path(tempfile.mkdtemp(prefix="diag-engine-user-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        run_agent("stop", "--work-dir", str(root), "--grace", "1")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_as_root_the_engine_runs_as_the_service_user(public_work_dir: Path, tmp_path: Path) -> None:
+    ans, log = launched(public_work_dir, tmp_path, {"engine_user": "nobody"}, SHOW_USER_AND_ENV)
+    assert ans.envelope["ok"], ans.envelope
+    assert log.splitlines()[0] == str(NOBODY)
+    env = env_of(log)
+    assert env["USER"] == "nobody"
+    assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"  # the default engine PATH
+    record = json.loads((public_work_dir / "engine.json").read_text())
+    assert record["user"] == "nobody"
+    # stop, as root, still takes the service user's engine down.
+    stopped = run_agent("stop", "--work-dir", str(public_work_dir), "--grace", "1")
+    assert stopped.envelope["ok"]
+
+
+def test_as_root_a_missing_service_user_refuses_the_launch(public_work_dir: Path,
+                                                           tmp_path: Path) -> None:
+    ans, _ = launched(public_work_dir, tmp_path, {"engine_user": "diag-no-such-user"},
+                      SHOW_USER_AND_ENV)
+    assert ans.error["code"] == "not_permitted"
+    assert "'diag-no-such-user' does not exist" in ans.error["message"]
+    assert not (public_work_dir / "engine.json").exists()
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ("{not json", "cannot read it"),
+    ('["a"]', "must hold a JSON object"),
+    ('{"engine_user": 0}', "engine_user must be a string"),
+    ('{"engine_env": {"A": 1}}', "engine_env must be a mapping of strings"),
+    ('{"run_as_root": true}', "unknown key 'run_as_root'"),
+])
+def test_a_malformed_node_config_refuses_the_launch(config: str, says: str, work_dir: Path,
+                                                    tmp_path: Path) -> None:
+    path = write_spec(work_dir / "spec.json", ["true"], "engine.log")
+    ans = agent_with(config, tmp_path, "launch", "--spec", str(path), "--work-dir", str(work_dir))
+    assert ans.error["code"] == "not_permitted"
+    assert says in ans.error["message"]
+
+
+def test_the_agent_and_the_platform_allow_the_same_variables() -> None:
+    agent = load_agent_module()
+    assert agent.ENV_FAMILIES == lab.config.ENV_FAMILIES
+    assert agent.ENV_NAMES == lab.config.ENV_NAMES
+    assert agent.ENV_REFUSED_WORDS == lab.config.ENV_REFUSED_WORDS
+    assert agent.JIT_CACHE_ENV == lab.config.JIT_CACHE_ENV
+    names = ["NCCL_IB_HCA", "VLLM_USE_FLASHINFER_MOE_FP4", "OMP_NUM_THREADS", "LD_PRELOAD",
+             "PATH", "PYTHONPATH", "HF_TOKEN", "NCCL_NET_PLUGIN", "VLLM_HOST_IP", "CUDA_HOME",
+             "TORCH_CUDA_ARCH_LIST", "http_proxy", "SGL_ENABLE_JIT_DEEPGEMM"]
+    for name in names:
+        platform_ok = lab.config.env_name_problem(name) is None
+        assert (agent.env_name_problem(name) is None) == platform_ok, name
+
+
+def run_as_nobody(agent: Path, *args: str, **env: str) -> dict[str, object]:
+    res = subprocess.run(["/usr/bin/python3", str(agent), *args, "--json"], capture_output=True,
+                         text=True, user=NOBODY, group=NOBODY, extra_groups=[], cwd="/",
+                         env={"PATH": "/usr/bin:/bin", **env}, timeout=60)
+    envelope = json.loads(res.stdout)
+    validate_response(envelope)
+    return dict(envelope)
+
+
+FAKE_SUDO = """#!/bin/sh
+printf '%s\\n' "$@" > {out}/argv
+cat > {out}/stdin
+{then}
+"""
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_without_root_drop_caches_asks_sudo_for_the_one_command(allowed: bool) -> None:
+    if os.geteuid() != 0 or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root (to become nobody) and /usr/bin/python3")
+    public = Path(tempfile.mkdtemp(prefix="diag-sudo-", dir="/tmp"))
+    try:
+        public.chmod(0o777)
+        agent = public / "agent.py"
+        shutil.copyfile(AGENT_PATH, agent)
+        sudo = public / "sudo"
+        then = "exit 0" if allowed else "echo 'sudo: a password is required' >&2; exit 1"
+        sudo.write_text(FAKE_SUDO.format(out=public, then=then))
+        sudo.chmod(0o755)
+        envelope = run_as_nobody(agent, "drop-caches", LAB_AGENT_SUDO=str(sudo))
+        assert (public / "argv").read_text().split() == ["-n", "/usr/bin/tee",
+                                                         "/proc/sys/vm/drop_caches"]
+        assert (public / "stdin").read_text() == "3\n"
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
+    if allowed:
+        assert envelope["ok"] is True
+        assert envelope["data"]["dropped"] is True  # type: ignore[index]
+    else:
+        error = envelope["error"]
+        assert error["code"] == "not_permitted"  # type: ignore[index]
+        assert "a password is required" in error["message"]  # type: ignore[index]
+        assert "sudoers rule" in error["message"]  # type: ignore[index]

@@ -141,6 +141,12 @@ def test_launch_reads_the_spec_file_and_refuses_a_second_engine(sim_lab: SimLab)
     stop_all(sim_lab)
     status, answer = agent(node, "launch", "--spec", "/var/lib/diag/launch/bad.json")
     assert answer["error"]["code"] == "invalid_spec" and "spec.schema" in answer["error"]["message"]
+    # Like the real agent: a variable a configuration may not set makes the spec invalid.
+    hostile = {**spec, "env": {**spec["env"], "LD_PRELOAD": "/tmp/x.so"}}
+    node.host_path("/var/lib/diag/launch/env.json").write_text(json.dumps(hostile))
+    status, answer = agent(node, "launch", "--spec", "/var/lib/diag/launch/env.json")
+    assert answer["error"]["code"] == "invalid_spec"
+    assert answer["error"]["message"].startswith("spec.env.LD_PRELOAD:")
 
 
 def test_telemetry_is_sampled_each_lab_second_only_while_the_sampler_runs(sim_lab: SimLab) -> None:

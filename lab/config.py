@@ -116,9 +116,9 @@ ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
 # the lab sets those itself (NCCL_NET_PLUGIN, UCX_MODULE_DIR, TRITON_PTXAS_PATH,
 # VLLM_USE_MODELSCOPE, VLLM_HOST_IP, ...).
 ENV_REFUSED_WORDS = ("PLUGIN", "PLUGINS", "MODULE", "MODULES", "LIBRARY", "LIB", "PRELOAD",
-                     "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "ROOT", "HOME", "BASE",
-                     "PROXY", "ENDPOINT", "URL", "URI", "HOST", "ADDR", "PORT", "MODELSCOPE",
-                     "REMOTE", "INSECURE", "LORA", "HUB")
+                     "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "DIRECTORY", "ROOT",
+                     "HOME", "BASE", "PROXY", "ENDPOINT", "URL", "URI", "HOST", "ADDR", "PORT",
+                     "MODELSCOPE", "REMOTE", "INSECURE", "LORA", "HUB")
 
 
 def env_name_problem(name: str) -> str | None:

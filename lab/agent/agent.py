@@ -90,9 +90,9 @@ ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
              "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
              "NVIDIA_TF32_OVERRIDE", "MAX_JOBS")
 ENV_REFUSED_WORDS = ("PLUGIN", "PLUGINS", "MODULE", "MODULES", "LIBRARY", "LIB", "PRELOAD",
-                     "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "ROOT", "HOME", "BASE",
-                     "PROXY", "ENDPOINT", "URL", "URI", "HOST", "ADDR", "PORT", "MODELSCOPE",
-                     "REMOTE", "INSECURE", "LORA", "HUB")
+                     "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "DIRECTORY", "ROOT",
+                     "HOME", "BASE", "PROXY", "ENDPOINT", "URL", "URI", "HOST", "ADDR", "PORT",
+                     "MODELSCOPE", "REMOTE", "INSECURE", "LORA", "HUB")
 # The JIT cache variables the platform renders from serving.jit_cache (to the node's
 # cache_dir): the one place a path may reach the engine's environment.
 JIT_CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")

@@ -8,6 +8,13 @@ lists them). Defaults are what the engine does when a flag is not given, so a st
 configuration and the equivalent command normalize alike; the model defaults to the
 reference Kimi K2 checkpoint. Errors name the field, the value and what would be accepted.
 
+Configurations come from strangers and end up on the lab's nodes, so this layer is also
+the first line of defence: `env` takes only the engines' variable families
+(`env_name_problem`), numbers must be finite, and the YAML reader refuses what would
+otherwise end in a traceback (deep nesting, lists as keys, 5,000-digit integers).
+Whatever the input, the answer is a configuration or a ConfigError naming a field; values
+quoted in messages go through `shown`, which is bounded and never raises.
+
 What needs the engines' flag tables (reading `launch_command`, checking `extra_args`
 flags) is done by `lab.engines.normalize_config` and `lab.engines.load_config_text`, the
 entry points callers use; they build on this module, which imports nothing from them.
@@ -68,6 +75,7 @@ MAX_DEPTH = 32
 # every nested value (a --speculative-config JSON) small.
 MAX_COMMAND_CHARS = 16384
 MAX_ENV_VALUE_CHARS = 4096
+MAX_TEXT_CHARS = 1024  # a name, a path, a version
 MAX_PROBLEM_CHARS = 1000
 # Whole numbers past this are not a count of anything an engine takes; the cap also keeps
 # them printable (Python refuses to print integers of more than 4,300 digits).
@@ -207,6 +215,8 @@ def _text(value: Any, field: str) -> str:
         raise _fail(field, f"{shown(value)} is a number; write it as a quoted string")
     if not isinstance(value, str) or not value.strip():
         raise _fail(field, f"must be a non-empty string, got {shown(value)}")
+    if len(value) > MAX_TEXT_CHARS:
+        raise _fail(field, f"is {len(value)} characters; the limit is {MAX_TEXT_CHARS}")
     if any(c in value for c in "\x00\n\r"):
         raise _fail(field, f"{shown(value)} contains a control character")
     return value

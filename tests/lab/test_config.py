@@ -401,3 +401,30 @@ def test_the_field_checks_alone_leave_flags_and_commands_to_the_engines() -> Non
     assert info.value.field == "launch_command"
     structured = read_config_text(REFERENCE_YAML.read_text())
     assert normalize_fields(structured) == load_config_text(REFERENCE_YAML.read_text())
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("model: " + "[" * 500 + "]" * 500, "file"),  # once a RecursionError
+    ("a: " + "{b: " * 500 + "1" + "}" * 500, "file"),
+    ("? [tp, pp]\n: 8", "file"),  # a list as a key: once a TypeError
+    ("? {tp: 8}\n: 8", "file"),
+    ("parallel: {tp: " + "9" * 5000 + "}", "file"),  # once a ValueError from int()
+    ("cluster: {link_gbps: .inf}", "cluster.link_gbps"),  # once accepted, then IntegrityError
+    ("cluster: {link_gbps: .nan}", "cluster.link_gbps"),
+    ("reported: {decode_tps: .inf}", "reported.decode_tps"),
+    ("reported: {cold_start_s: 1.0e+999}", "reported.cold_start_s"),
+    ("serving: {gpu_memory_utilization: .nan}", "serving.gpu_memory_utilization"),
+    ("env: {NCCL_DEBUG: .inf}", "env.NCCL_DEBUG"),
+    ("model: {id: " + "k" * 2000 + "}", "model.id"),
+])
+def test_input_that_once_ended_in_a_traceback_is_a_field_error(text: str, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text)
+    assert info.value.field == field
+    assert len(str(info.value)) < 1100
+
+
+def test_a_launch_command_has_a_size_limit() -> None:
+    err = error_of({"launch_command": "vllm serve /models/kimi-k2 " + "--enforce-eager " * 2000})
+    assert err.field == "launch_command"
+    assert "the limit is 16384" in err.problem

@@ -1,5 +1,7 @@
 """Every configuration gets an owner: its booking's organisation, or the house
-organisation for configurations submitted without a booking. Lab days can be closed."""
+organisation for configurations submitted without a booking; every booking a public id.
+Lab days can be closed. The columns become required in 0004: PostgreSQL refuses to alter
+a table in the transaction that just updated its foreign keys."""
 
 import uuid
 
@@ -42,26 +44,12 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.RunPython(fill_owners, migrations.RunPython.noop),
-        migrations.AlterField(
-            model_name="clusterconfiguration",
-            name="organisation",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="configurations",
-                to="bookings.organisation",
-            ),
-        ),
         migrations.AddField(
             model_name="booking",
             name="uuid",
             field=models.UUIDField(null=True, editable=False),
         ),
         migrations.RunPython(fill_uuids, migrations.RunPython.noop),
-        migrations.AlterField(
-            model_name="booking",
-            name="uuid",
-            field=models.UUIDField(default=uuid.uuid4, unique=True, editable=False),
-        ),
         migrations.AddField(
             model_name="labday",
             name="closed",

@@ -1,18 +1,12 @@
 """Every job gets its configuration's organisation (and its configuration's booking, so
-the two links agree); report versions carry the staff approval the portal waits for."""
+the two links agree); report versions carry the staff approval the portal waits for.
+0003 fills it in and 0004 makes it required, each in its own transaction: PostgreSQL
+will not alter or index a table in the transaction that just updated its foreign keys."""
 
 import django.db.models.deletion
 import django.utils.timezone
 from django.conf import settings
 from django.db import migrations, models
-
-
-def fill_owners(apps, schema_editor):  # type: ignore[no-untyped-def]
-    Job = apps.get_model("jobs", "DiagnosticJob")
-    for job in Job.objects.filter(organisation__isnull=True).select_related("config"):
-        job.organisation_id = job.config.organisation_id
-        job.booking_id = job.config.booking_id
-        job.save(update_fields=["organisation", "booking"])
 
 
 class Migration(migrations.Migration):
@@ -31,14 +25,6 @@ class Migration(migrations.Migration):
                 on_delete=django.db.models.deletion.PROTECT,
                 related_name="jobs",
                 to="bookings.organisation",
-            ),
-        ),
-        migrations.RunPython(fill_owners, migrations.RunPython.noop),
-        migrations.AlterField(
-            model_name="diagnosticjob",
-            name="organisation",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.PROTECT, related_name="jobs", to="bookings.organisation"
             ),
         ),
         migrations.CreateModel(

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec clean
+.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec bench-chaos clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,7 +29,7 @@ demo: install
 	$(PY) manage.py diagnose --config examples/configs/kimi-k2-8spark-outofbox.yaml \
 		--lab sim:lab/scenarios/reference-kimi-k2-8spark.yaml --out out/demo
 
-bench: bench-sim bench-measure bench-report bench-triage bench-fp4 bench-specdec
+bench: bench-sim bench-measure bench-report bench-triage bench-fp4 bench-specdec bench-chaos
 
 bench-sim: install
 	$(PY) benchmarks/bench_sim.py
@@ -54,6 +54,12 @@ bench-portal: install
 # About 25 minutes: the specdec stage 40 times on simulated labs (benchmarks/bench_specdec.py).
 bench-specdec: install
 	$(PY) benchmarks/bench_specdec.py
+
+# About 10 minutes: 20 random faults (kind x stage x time) in jobs on private PostgreSQL and
+# Redis servers, and whether each job still ended well (benchmarks/bench_chaos.py). Root
+# for the disk faults (a tmpfs is mounted).
+bench-chaos: install
+	$(PY) benchmarks/bench_chaos.py
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

@@ -14,4 +14,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "diagnostic.settings")
 
 app = Celery("diagnostic")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# A broker that drops its connections (a Redis restart) must not stop the stage a worker
+# is running: the stage's lease lives in the database, and the next step is published
+# once the broker answers again (or the reaper enqueues it). Said outright because
+# Celery's default is due to change.
+app.conf.worker_cancel_long_running_tasks_on_connection_loss = False
 app.autodiscover_tasks()

@@ -2,8 +2,11 @@
 job holds alone.
 
 `orchestrate` does one pass: take the lab, then claim and run pending stages until the
-job ends, a stage must wait (a transient lab error: retry later with backoff), the lab
-is busy, another worker holds the stage, or `max_stages` have run. It never sleeps, so
+job ends, a stage must wait (a transient fault: retry later with backoff), the lab is
+busy, another worker holds the stage, or `max_stages` have run. Which faults are transient
+(a database or broker away, an endpoint reset, an SSH drop, a full disk) and which fail the
+stage at once (a refused configuration, an engine error) is `faults.classify`'s call; the
+records a stage leaves when it ends are written through a database outage. It never sleeps, so
 the Celery task can turn every "later" into a countdown; `run_until_done` is the
 synchronous loop the diagnose command and eager mode use.
 
@@ -52,7 +55,7 @@ StageStatus = StageRun.Status
 class Next(enum.Enum):
     FINISHED = "finished"  # the job has ended
     MORE = "more"  # stages remain; run again now
-    RETRY = "retry"  # a stage hit a transient lab error; run again after `countdown`
+    RETRY = "retry"  # a stage hit a transient fault; run again after `countdown`
     LAB_BUSY = "lab_busy"  # another job holds the lab; try again after `countdown`
     ELSEWHERE = "elsewhere"  # another worker holds the next stage's lease
 

@@ -139,11 +139,20 @@ def attribute(start: ColdStart) -> list[StallGroup]:
     telemetry over that window against the signatures."""
     origin = start.origin
     spans = []
+    # When the last rank finished loading its weights (lab clock): a rank that reaches
+    # the rendezvous earlier waits for it, and that wait belongs to whatever held the
+    # other rank up (its loader, or its starting later), not to the rendezvous.
+    loaded = [end + tl.lab_offset_s for tl in start.timelines.values()
+              if (end := tl.phase_end("weights_load")) is not None]
+    last_loaded = max(loaded) if len(loaded) == len(start.timelines) else None
     for node, tl in start.timelines.items():
+        own_loaded = tl.phase_end("weights_load")
         for s in tl.stalls:
             # The cold start counts from the last rank's start: a rank started earlier
             # waits for the others, and that wait is the launcher's, not the engine's.
             lab_a = max(s.start + tl.lab_offset_s, start.started_at)
+            if last_loaded is not None and own_loaded is not None and s.start >= own_loaded - 1.0:
+                lab_a = max(lab_a, last_loaded)
             lab_b = s.end + tl.lab_offset_s
             if lab_b - lab_a >= MIN_CLIPPED_STALL_S:
                 spans.append((lab_a, lab_b, node, lab_a - tl.lab_offset_s, s.end))

@@ -26,7 +26,8 @@ def test_a_stall_with_no_known_signature_is_reported_unexplained_with_its_teleme
     assert any("CPU is busy" in str(reasons) for reasons in why.values())
     stall = result["section"]["unexplained"][0]
     assert stall["cause"] == "unexplained" and len(stall["nodes"]) == 8
-    assert len(stall["telemetry"]["cpu_user_pct"]) >= HANG_S
+    # The head's window starts when the last rank had loaded (ranks start seconds apart).
+    assert len(stall["telemetry"]["cpu_user_pct"]) >= HANG_S - 15
     assert result["section"]["root_causes"] == []
 
 

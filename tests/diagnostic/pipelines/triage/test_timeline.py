@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from diagnostic.pipelines.triage import coldstart as cs
 from diagnostic.pipelines.triage.timeline import Stall, merge, read_segment, stamp_epoch
 from lab.engines.logs import seconds_of_year
 
@@ -75,3 +76,35 @@ def test_touching_silences_stay_apart_and_a_chain_of_shard_gaps_is_one() -> None
     merged = merge([Stall(0, 40, ["shards"], 40), Stall(40, 80, ["shards"], 40),
                     Stall(80, 150, ["silence"], 70), Stall(150, 300, ["silence"], 150)])
     assert [(s.start, s.end) for s in merged] == [(0, 80), (80, 150), (150, 300)]
+
+
+def eager_start(t0: float, release: float, *, head: bool, load_s: float = 2.0) -> list[str]:
+    """A start with a fast loader (`load_s`) whose rendezvous releases at `release`."""
+    lines = [vllm_line(t0, "Automatically detected platform cuda."),
+             vllm_line(t0 + 19, "Starting to load model /models/m...")]
+    lines += [vllm_line(t0 + 20 + i * load_s / 2, f"Loading safetensors checkpoint shards: {100 * d // 64}% "
+                                                  f"Completed | {d}/64 [00:01<00:02,  3.88s/it]")
+              for i, d in enumerate((0, 32, 64))]
+    loaded = t0 + 20 + load_s
+    lines += [vllm_line(loaded, f"Loading weights took {load_s:.2f} seconds"),
+              vllm_line(loaded, "world_size=2 rank=0 local_rank=0 distributed_init_method=tcp://x "
+                                 "backend=nccl"),
+              vllm_line(release + 8, "vLLM is using nccl==2.27.3")]
+    if head:
+        lines.append(vllm_line(release + 20, "Starting vLLM API server 0 on http://0.0.0.0:8000"))
+    return lines
+
+
+def test_waiting_for_a_rank_that_started_later_is_not_a_stall() -> None:
+    """The head started 80 s before the worker (a slow launcher): it sits silent until the
+    worker has loaded its weights. That wait is the launch's, not a rendezvous fault."""
+    t0 = epoch(2026, 12, 3, 10, 0, 0)
+    late = t0 + 80
+    release = late + 20 + 40
+    logs = {"head": "\n".join(eager_start(t0, release, head=True)),
+            "worker": "\n".join(eager_start(late, release, head=False, load_s=40))}
+    start = cs.build("before", {}, "vllm", cold_start_s=release + 20 - late, launched_from=t0 - 1,
+                     started_at=late, ready_at=release + 20, corrections={}, logs=logs, samples={},
+                     facts={}, nodes=["head", "worker"], lab_s=0.0)
+    assert [s.seconds for s in start.timelines["head"].stalls] == [126.0]  # the log was silent...
+    assert start.stalls == []  # ...waiting for the worker to start and load, not at a rendezvous

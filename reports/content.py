@@ -17,16 +17,31 @@ printed on the cover; `job.lab_day`: ISO date of the lab day (money-back deadlin
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from reports import figures as fig
-from reports.findings import build_finding
+from reports.findings import ORDER_NOTE, build_finding, by_impact
 from reports.moneyback import MoneyBackDecision, impacts_of
-from reports.sections.appendices import methodology_appendix, raw_runs_appendix
+from reports.sections.appendices import (
+    lab_time_appendix,
+    methodology_appendix,
+    raw_runs_appendix,
+    tuned_configuration_appendix,
+)
 from reports.sections.cold_start import cold_start_section
+from reports.sections.configurations import (
+    SEARCH,
+    SEARCH_NOTE,
+    After,
+    after_of,
+    of_bound,
+    roofline_fraction,
+    tuned_setting,
+)
 from reports.sections.fp4 import fp4_section
 from reports.sections.speculative import speculative_section
 from reports.sections.throughput import throughput_section
@@ -173,19 +188,19 @@ def _decode_before(findings: Mapping[str, Any], workload: str) -> Mapping[str, A
     return None
 
 
-def _decode_after(findings: Mapping[str, Any], workload: str) -> Mapping[str, Any] | None:
-    measured_after = (findings.get("measurement") or {}).get("after")
-    for section in (measured_after, (findings.get("speculative") or {}).get("best")):
-        if isinstance(section, Mapping) and isinstance(section.get(workload), Mapping):
-            return section[workload]
-    return None
+def _decode_after(after: After, workload: str) -> Mapping[str, Any] | None:
+    block = after.workloads.get(workload)
+    return block if isinstance(block, Mapping) else None
 
 
-def _impact_for(findings: Mapping[str, Any], metric: str) -> Mapping[str, Any] | None:
+def impact_for(findings: Mapping[str, Any], workload: str) -> Mapping[str, Any] | None:
+    """The speculative search's impact on one workload's decode rate: the metric is
+    `decode_tps_<workload>` as the search writes it (`decode_tps.<workload>` is read too)."""
+    names = {f"decode_tps_{workload}", f"decode_tps.{workload}"}
     for finding in findings.get("findings") or []:
         if isinstance(finding, Mapping):
             for impact in impacts_of(finding):
-                if impact.get("metric") == metric:
+                if impact.get("metric") in names:
                     return impact
     return None
 
@@ -197,28 +212,64 @@ def _mean_and_interval(block: Mapping[str, Any] | None) -> tuple[str, str]:
     return fig.tps(float(block["mean_tps"])), f"({fig.interval(ci, fig.tps)})" if ci else ""
 
 
+def decode_change(
+    findings: Mapping[str, Any], after: After, workload: str, b_mean: float, a_mean: float
+) -> tuple[str, str, str]:
+    """The change of a workload's decode rate: its figure, its 95 % interval and, when the
+    measure stage's test found no difference, words saying it is within noise.
+
+    With the tuned configuration measured, the change is `measurement.difference` (Welch,
+    same protocol); otherwise the speculative finding's own impact interval."""
+    difference = ((findings.get("measurement") or {}).get("difference") or {}).get(workload)
+    if after.measured and isinstance(difference, Mapping) and as_number(difference.get("diff")) is not None:
+        ci = as_interval(difference.get("ci95"))
+        noise = "" if difference.get("different") is not False else "within noise (Welch, 5 %)"
+        return (
+            fig.signed(float(difference["diff"]), fig.tps),
+            fig.signed_interval(ci, fig.tps) if ci else "",
+            noise,
+        )
+    impact = impact_for(findings, workload) if after.source == SEARCH else None
+    ci = as_interval(impact.get("ci95")) if impact else None
+    return fig.signed(a_mean - b_mean, fig.tps), fig.signed_interval(ci, fig.tps) if ci else "", ""
+
+
 def summary_rows(findings: Mapping[str, Any]) -> list[SummaryRow]:
     """Before and after for decode per workload, cold start and FP4 output."""
     rows: list[SummaryRow] = []
-    workloads = workloads_in(findings.get("measurement"), (findings.get("speculative") or {}).get("best"))
-    for workload in workloads:
-        before, after = _decode_before(findings, workload), _decode_after(findings, workload)
+    after = after_of(findings)
+    tuned = tuned_setting(findings)
+    for workload in workloads_in(findings.get("measurement"), after.workloads):
+        before, block_after = _decode_before(findings, workload), _decode_after(after, workload)
         b_mean = as_number(before.get("mean_tps")) if before else None
-        a_mean = as_number(after.get("mean_tps")) if after else None
-        change = change_sub = ""
+        a_mean = as_number(block_after.get("mean_tps")) if block_after else None
+        change = change_sub = change_third = ""
         if b_mean is not None and a_mean is not None:
-            change = fig.signed(a_mean - b_mean, fig.tps)
-            impact = _impact_for(findings, f"decode_tps.{workload}")
-            ci = as_interval(impact.get("ci95")) if impact else None
-            change_sub = fig.signed_interval(ci, fig.tps) if ci else ""
+            change, change_sub, change_third = decode_change(findings, after, workload, b_mean, a_mean)
         note = ""
-        if after and after.get("k") is not None:
-            note = f"after: {setting_label(after.get('method'), after.get('k'))}"
+        if block_after and block_after.get("k") is not None:
+            note = f"after: {setting_label(block_after.get('method'), block_after.get('k'))}"
+        elif after.measured and tuned is not None:
+            note = f"after: {setting_label(*tuned)}"
+        if after.source == SEARCH and block_after:
+            note += (", " if note else "") + "search runs only"
         b_text, b_sub = _mean_and_interval(before)
-        a_text, a_sub = _mean_and_interval(after)
+        a_text, a_sub = _mean_and_interval(block_after)
         rows.append(
             SummaryRow(
-                f"Decode rate, {workload} (tok/s)", b_text, a_text, change, note, b_sub, a_sub, change_sub
+                f"Decode rate, {workload} (tok/s)",
+                b_text,
+                a_text,
+                change,
+                note,
+                b_sub,
+                a_sub,
+                change_sub,
+                before_third=of_bound(roofline_fraction(findings, True, workload)) if before else "",
+                after_third=of_bound(roofline_fraction(findings, False, workload))
+                if block_after and after.measured
+                else "",
+                change_third=change_third,
             )
         )
     cold = findings.get("cold_start")
@@ -267,14 +318,31 @@ def summary_rows(findings: Mapping[str, Any]) -> list[SummaryRow]:
     return rows
 
 
+def summary_notes(findings: Mapping[str, Any]) -> list[str]:
+    """What the summary table's figures need said beside them: where the after figures
+    come from when the tuned configuration was not measured, and the one-time compile of
+    a kept JIT cache."""
+    notes: list[str] = []
+    after = after_of(findings)
+    if after.source == SEARCH:
+        notes.append(SEARCH_NOTE)
+    cold = findings.get("cold_start")
+    if present(cold):
+        first = as_number(cold.get("after_first_boot_s"))
+        if first is not None:
+            notes.append(
+                f"The first start after the change compiles the kernels once into the kept cache "
+                f"({fig.minutes(first)}, {fig.seconds(first)}); the cold start above is every start after it."
+            )
+    return notes
+
+
 def headline(findings: Mapping[str, Any], lab: str, money: MoneyBackDecision) -> list[str]:
     """The opening paragraphs of the summary, built only from what was measured."""
     found = [f for f in findings.get("findings") or [] if isinstance(f, Mapping)]
     # A metrics finding without an impact corrects how throughput is counted; it changes
     # nothing about the serving, so it is not "standing between" the customer and anything.
-    corrections = [
-        f for f in found if str(f.get("code") or "").startswith("metrics.") and not impacts_of(f)
-    ]
+    corrections = [f for f in found if str(f.get("code") or "").startswith("metrics.") and not impacts_of(f)]
     serving = [f for f in found if f not in corrections]
     on_lab = lab[0].lower() + lab[1:]
     paras = []
@@ -282,8 +350,8 @@ def headline(findings: Mapping[str, Any], lab: str, money: MoneyBackDecision) ->
         text = (
             f"We reproduced your configuration on our {on_lab} and found {len(serving)} "
             f"thing{'s' if len(serving) != 1 else ''} standing between it and the numbers this hardware "
-            "delivers. Each is described in section 2 with the evidence that decided it, the exact change, "
-            "and the change's measured effect."
+            "delivers. Each is described in section 2, the largest measured effect first, with the evidence "
+            "that decided it, the exact change, and the change's measured effect."
         )
         if corrections:
             text += (
@@ -301,14 +369,17 @@ def headline(findings: Mapping[str, Any], lab: str, money: MoneyBackDecision) ->
     else:
         paras.append(f"We ran the diagnostic on our {on_lab}; it recorded no findings.")
     gains = []
-    for workload in workloads_in(
-        findings.get("measurement"), (findings.get("speculative") or {}).get("best")
-    ):
-        before, after = _decode_before(findings, workload), _decode_after(findings, workload)
+    after = after_of(findings)
+    for workload in workloads_in(findings.get("measurement"), after.workloads):
+        before, block_after = _decode_before(findings, workload), _decode_after(after, workload)
         b = as_number(before.get("mean_tps")) if before else None
-        a = as_number(after.get("mean_tps")) if after else None
+        a = as_number(block_after.get("mean_tps")) if block_after else None
         if a is not None and b is not None:
-            gains.append(f"single-stream decode on {workload} goes from {fig.tps(b)} to {fig.tps(a)} tok/s")
+            _, _, noise = decode_change(findings, after, workload, b, a)
+            gains.append(
+                f"single-stream decode on {workload} goes from {fig.tps(b)} to {fig.tps(a)} tok/s"
+                + (" (a difference within noise)" if noise else "")
+            )
     cold = findings.get("cold_start")
     if (
         present(cold)
@@ -335,7 +406,10 @@ def headline(findings: Mapping[str, Any], lab: str, money: MoneyBackDecision) ->
                 )
     if gains:
         text = "; ".join(gains[:-1]) + (" and " if len(gains) > 1 else "") + gains[-1]
-        paras.append(f"With the changes in this report, {text}.")
+        lead = "With the changes in this report, measured together"
+        if after.source == SEARCH:
+            lead = "With the changes in this report (decode rates from the speculative search alone)"
+        paras.append(f"{lead}, {text}.")
     if money.eligible:
         paras.append(f"This engagement is free of charge. {money.reason}")
     return paras
@@ -373,7 +447,8 @@ def stopped_early(job: Mapping[str, Any]) -> str:
     """A sentence saying that the diagnostic stopped before some stages, and why ("" when
     every stage ran). The job records skipped stages as cancelled, "not run: <reason>"."""
     skipped = [
-        s for s in job.get("stages") or []
+        s
+        for s in job.get("stages") or []
         if isinstance(s, Mapping) and str(s.get("message") or "").startswith("not run: ")
     ]
     if not skipped:
@@ -409,12 +484,34 @@ def build_report(
         throughput_section(findings, figures, "3.4"),
     ]
     stage_titles = {s.anchor: (s.anchor, f"{s.number} {s.title}") for s in stages if s.ran}
-    found = [f for f in findings.get("findings") or [] if isinstance(f, Mapping)]
+    found = by_impact([f for f in findings.get("findings") or [] if isinstance(f, Mapping)])
     described = cause_descriptions(findings.get("measurement"))
+    fp4 = findings.get("fp4")
+    speed_cost = fp4.get("speed_cost") if isinstance(fp4, Mapping) else None
     finding_sections = [
-        build_finding(i, f, stage_titles, described_causes=described) for i, f in enumerate(found, start=1)
+        build_finding(
+            i,
+            f,
+            stage_titles,
+            described_causes=described,
+            speed_cost=speed_cost if isinstance(speed_cost, Mapping) else None,
+        )
+        for i, f in enumerate(found, start=1)
     ]
-    appendices = [methodology_appendix(findings, "A"), raw_runs_appendix(findings, "B")]
+    numbers: dict[str, list[str]] = {}
+    for section in finding_sections:
+        numbers.setdefault(section.code, []).append(section.number)
+    # Appendices that have nothing to show are left out; the others are lettered in order.
+    drafts = [
+        methodology_appendix(findings, ""),
+        tuned_configuration_appendix(findings, "", {code: ", ".join(n) for code, n in numbers.items()}),
+        lab_time_appendix(findings, ""),
+        raw_runs_appendix(findings, ""),
+    ]
+    appendices = [
+        dataclasses.replace(a, number=chr(ord("A") + i))
+        for i, a in enumerate(d for d in drafts if d is not None)
+    ]
 
     model_name = str((config.get("model") or {}).get("id", "")).rsplit("/", 1)[-1]
     cluster = config.get("cluster") or {}
@@ -442,6 +539,8 @@ def build_report(
         ),
         headline=headline(findings, lab, money_back),
         summary=summary_rows(findings),
+        summary_notes=summary_notes(findings),
+        findings_order=ORDER_NOTE if len(finding_sections) > 1 else "",
         money_back=money_back_view(money_back, tz),
         findings=finding_sections,
         stages=stages,

@@ -48,6 +48,13 @@ def minutes(value_s: float) -> str:
     return _signless(f"{value_s / 60:.1f} min")
 
 
+def hours(value_s: float) -> str:
+    """A long duration given in seconds: in minutes up to two hours, else in hours (`9.4 h`)."""
+    if abs(value_s) < 7200:
+        return minutes(value_s)
+    return _signless(f"{value_s / 3600:.1f} h")
+
+
 def milliseconds(value_s: float) -> str:
     """A short duration given in seconds, printed in milliseconds: `392 ms`."""
     return _signless(f"{value_s * 1000:.0f} ms")
@@ -109,6 +116,7 @@ UNIT_FORMATS: dict[str, Formatter] = {
     "Mbit/s": lambda v: _signless(f"{v:,.1f} Mbit/s"),
     "GB": lambda v: _signless(f"{v:,.1f} GB"),
     "GiB": lambda v: _signless(f"{v:,.1f} GiB"),
+    "GiB/min": lambda v: _signless(f"{v:,.1f} GiB/min"),
     "GB/s": lambda v: _signless(f"{v:,.2f} GB/s"),
     "×": ratio,
     "": number,
@@ -125,9 +133,13 @@ def unit_for_key(key: str) -> str:
     words = key.lower().replace(".", "_").split("_")
     if "mbps" in words:
         return "Mbit/s" if ("nic" in words or "net" in words) else "MB/s"
+    per_minute = words[-2:] == ["per", "min"]
+    if per_minute:
+        # `page_cache_gib_per_min`: a rate of growth, not a duration in minutes.
+        words = words[:-2]
     for word, unit in _UNIT_WORDS:
         if word in words:
-            return unit
+            return unit + "/min" if per_minute else unit
     return ""
 
 

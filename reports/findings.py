@@ -17,8 +17,9 @@ Shapes read beyond DESIGN.md's schema (all optional, documented for the pipeline
 
 from __future__ import annotations
 
+import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from reports import figures as fig
@@ -52,10 +53,10 @@ WHY: dict[str, str] = {
         "told apart from a hang."
     ),
     "load.rendezvous": (
-        "Without the data-path interface names, NCCL bootstraps over the first interface it finds, here "
-        "the 10 Gbps management port, and retries until every node answers. The start waits for its "
-        "slowest node, and the same misrouting can carry collective traffic far below the data link's "
-        "speed."
+        "NCCL needs to be told which interface carries its bootstrap and which RDMA devices carry the "
+        "collectives. Left to probe, each node tries its interfaces in turn and retries until every node "
+        "answers, so the whole start waits for its slowest node; and a node that settles on the wrong "
+        "device carries collective traffic far below the data link's speed."
     ),
     "load.kv_budget": (
         "The engine refuses to start when the memory left after the weights cannot hold the KV cache for "
@@ -137,7 +138,50 @@ EVIDENCE_LABELS = {
     "kv_needed_gib": "KV cache needed for one request",
     "kv_available_gib": "KV cache memory available",
     "estimated_max_model_len": "Longest context that fits (the engine's estimate)",
+    "nodes": "Nodes where we saw it",
+    "waiting_nodes": "Nodes that waited",
+    "disk_read_cv": "Disk read, coefficient of variation",
+    "page_cache_gib_per_min": "Page cache growth",
+    "page_cache_gib_end": "Page cache at the end",
+    "kernel_jit_s": "Kernel compilation",
+    "compilers_median": "Compiler processes, median",
+    "compilers_peak": "Compiler processes, peak",
+    "gpu_util_pct_median": "GPU utilisation, median",
+    "late_node_mgmt_nic_mbps_p90": "Late node's management NIC, 90th percentile",
+    "other_nodes_mgmt_nic_mbps_p90_max": "Other nodes' management NIC, 90th percentile (highest)",
+    "data_nic_mbps_median": "Data NIC, median",
+    "bootstrap_retries": "NCCL bootstrap retries",
+    "nccl_ib_hca": "NCCL_IB_HCA",
+    "window_s": "Window examined",
+    "loader": "Loader",
+    "verdict": "Verdict of the FP4 check",
+    "canary_set_sha256": "Canary set (sha256)",
+    "perplexity_before": "Perplexity of a reference passage, your kernels",
+    "perplexity_after": "Perplexity of a reference passage, with the change",
+    "failed_checks": "Checks failed",
+    "table_row": "Dispatch-table entry",
+    "signature_gone_after_fix": "Signature gone after the fix",
+    "workload": "Workload",
+    "customer": "Your setting",
+    "best": "Fastest setting on this workload",
+    "best_vs_customer": "Fastest against yours",
+    "customer_vs_none": "Yours against no speculation",
+    "deployed": "Setting we deploy",
 }
+
+# A finding's evidence may carry the pipeline's `decided_by`: the readings that decided it,
+# each with `<name>_range` across the nodes. They are the rows above, so each reading is
+# shown once, its range beside it.
+RANGE_SUFFIX = "_range"
+
+NCCL_NAMES = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")
+NCCL_NOTE = (
+    "The interface names above are our lab's; set your own nodes' names. NCCL_SOCKET_IFNAME is the "
+    'management NIC, the one holding the default route (ip route show default names it after "dev"). '
+    "NCCL_IB_HCA lists the RDMA devices of the data NICs, comma-separated: ibdev2netdev prints each RDMA "
+    "device beside its network interface, and without it /sys/class/infiniband/<device>/device/net/ names "
+    "the interface of each device."
+)
 
 
 METRIC_LABELS = {
@@ -156,21 +200,56 @@ def _config_value(value: Any) -> str:
     return str(value)
 
 
+WORKLOAD_METRIC_PREFIXES = ("decode_tps_", "ttft_s_")
+
+
 def metric_label(metric: str) -> str:
-    """`decode_tps.code` -> `Decode rate, code`; unknown metrics are humanized."""
+    """`decode_tps_code` (or `decode_tps.code`) -> `Decode rate, code`; unknown metrics are humanized."""
     base, _, qualifier = metric.partition(".")
+    for prefix in WORKLOAD_METRIC_PREFIXES:
+        if not qualifier and base.startswith(prefix):
+            base, qualifier = prefix[:-1], base[len(prefix) :]
     label = METRIC_LABELS.get(base) or humanize(base)
     return f"{label}, {qualifier}" if qualifier else label
+
+
+def impact_unit(impact: Mapping[str, Any]) -> str:
+    """The impact's unit; a share of something ("share of canaries") is a fraction."""
+    metric = str(impact.get("metric") or "")
+    unit = str(impact.get("unit") or fig.unit_for_key(metric.replace(".", "_")))
+    return "fraction" if unit.startswith("share") else unit
 
 
 def impact_formatters(unit: str) -> tuple[fig.Formatter, fig.Formatter, str]:
     """How an impact table prints a metric's values and its change, and the unit its label
     carries: rates go bare with `(tok/s)` in the label, fraction changes in percentage points."""
+    if unit.startswith("share"):
+        unit = "fraction"
     if unit == "tok/s":
         return fig.tps, fig.tps, " (tok/s)"
     if unit == "fraction":
         return fig.percent, lambda v: f"{v * 100:.1f} pp".replace("-", fig.MINUS), ""
     return fig.formatter_for(unit), fig.formatter_for(unit), ""
+
+
+def _env_changes(change: Mapping[str, Any]) -> dict[str, tuple[Any, Any, bool]]:
+    """Every environment variable the change sets or unsets: {NAME: (from, to, known_from)}.
+
+    A pipeline may write a variable both as a configuration path (`env.NAME`: {from, to})
+    and in `env`; it is one change and is printed once."""
+    found: dict[str, tuple[Any, Any, bool]] = {}
+    for path, value in (change.get("config") or {}).items():
+        if str(path).startswith("env.") and isinstance(value, Mapping):
+            found[str(path)[4:]] = (value.get("from"), value.get("to"), "from" in value)
+    for name, value in (change.get("env") or {}).items():
+        if isinstance(value, Mapping):
+            found[str(name)] = (value.get("from"), value.get("to"), "from" in value)
+        elif str(name) in found:
+            previous, _, known = found[str(name)]
+            found[str(name)] = (previous, value, known)
+        else:
+            found[str(name)] = (None, value, False)
+    return found
 
 
 def build_change(change: Any) -> Change:
@@ -182,6 +261,8 @@ def build_change(change: Any) -> Change:
     if not isinstance(change, Mapping):
         return Change(diff, flags_add, flags_remove, [str(change)] if change else [], other)
     for path, value in (change.get("config") or {}).items():
+        if str(path).startswith("env.") and isinstance(value, Mapping):
+            continue  # printed with the environment below
         if isinstance(value, Mapping) and ("from" in value or "to" in value):
             if "from" in value:
                 diff.append(DiffLine("-", f"{path}: {_config_value(value['from'])}"))
@@ -189,16 +270,14 @@ def build_change(change: Any) -> Change:
                 diff.append(DiffLine("+", f"{path}: {_config_value(value['to'])}"))
         else:
             diff.append(DiffLine("+", f"{path}: {_config_value(value)}"))
-    for name, value in (change.get("env") or {}).items():
-        if isinstance(value, Mapping):
-            if value.get("from") is not None:
-                diff.append(DiffLine("-", f"{name}={value['from']}"))
-            if value.get("to") is not None:
-                diff.append(DiffLine("+", f"{name}={value['to']}"))
-        elif value is None:
+    env = _env_changes(change)
+    for name, (before, after, _) in env.items():
+        if before is not None:
+            diff.append(DiffLine("-", f"{name}={before}"))
+        if after is not None:
+            diff.append(DiffLine("+", f"{name}={after}"))
+        elif before is None:
             diff.append(DiffLine("-", f"{name}  (unset it)"))
-        else:
-            diff.append(DiffLine("+", f"{name}={value}"))
     flags = change.get("flags")
     if isinstance(flags, Mapping):
         flags_add = shlex.join(str(f) for f in flags.get("add") or [])
@@ -210,6 +289,8 @@ def build_change(change: Any) -> Change:
     note = change.get("note")
     if note:
         notes.append(str(note))
+    if any(name in env and env[name][1] is not None for name in NCCL_NAMES):
+        notes.append(NCCL_NOTE)
     for key, value in change.items():
         if key not in {"config", "env", "flags", "note"}:
             other.append(Row(humanize(str(key)), value_text(str(key), value)))
@@ -219,8 +300,7 @@ def build_change(change: Any) -> Change:
 def build_impact(code: str, impact: Mapping[str, Any]) -> Impact:
     """One measured impact: before, after, the change and its 95 % interval, judged."""
     metric = str(impact.get("metric") or "")
-    unit = str(impact.get("unit") or fig.unit_for_key(metric))
-    fmt, change_fmt, label_unit = impact_formatters(unit)
+    fmt, change_fmt, label_unit = impact_formatters(impact_unit(impact))
     before, after = as_number(impact.get("before")), as_number(impact.get("after"))
     ci = as_interval(impact.get("ci95"))
     n = impact.get("n")
@@ -284,6 +364,155 @@ def server_claims_table(evidence: Mapping[str, Any]) -> Block | None:
     )
 
 
+def node_list(names: Sequence[Any]) -> str:
+    """`spark-01 to spark-04, spark-06 to spark-08 (7 nodes)`: runs of numbered names folded."""
+    parsed = []
+    for name in names:
+        match = re.fullmatch(r"(.*?)(\d+)", str(name))
+        parsed.append((match.group(1), match.group(2)) if match else (str(name), ""))
+    groups: list[list[tuple[str, str]]] = []
+    for prefix, digits in parsed:
+        previous = groups[-1][-1] if groups else None
+        if (
+            previous is not None
+            and digits
+            and previous[1]
+            and previous[0] == prefix
+            and len(previous[1]) == len(digits)
+            and int(digits) == int(previous[1]) + 1
+        ):
+            groups[-1].append((prefix, digits))
+        else:
+            groups.append([(prefix, digits)])
+    parts = []
+    for group in groups:
+        first, last = "".join(group[0]), "".join(group[-1])
+        parts.append(
+            first if len(group) == 1 else f"{first}, {last}" if len(group) == 2 else f"{first} to {last}"
+        )
+    count = f" ({len(parsed)} nodes)" if len(parsed) > 2 else ""
+    return ", ".join(parts) + count
+
+
+def _evidence_value(key: str, value: Any) -> str:
+    if key.endswith("nodes") and isinstance(value, Sequence) and not isinstance(value, str):
+        return node_list(list(value))
+    return value_text(key, value)
+
+
+def evidence_rows(
+    evidence: Mapping[str, Any], *, skip: Collection[str] = (), described_causes: Mapping[str, str]
+) -> list[Row]:
+    """A finding's evidence as labelled values with units, each reading once.
+
+    The readings in `decided_by` that the evidence already shows lend it their range across
+    nodes (`<key>_range`); those it does not show are added after it, unless the same
+    figure is already shown under another name."""
+    decided = evidence.get("decided_by")
+    decided = decided if isinstance(decided, Mapping) else {}
+    rows: list[Row] = []
+    shown: list[tuple[str, Any]] = []
+
+    def row(key: str, value: Any) -> Row:
+        text = _evidence_value(key, value)
+        spread = as_interval(decided.get(key + RANGE_SUFFIX))
+        if spread is not None and spread[0] != spread[1]:
+            fmt = fig.formatter_for(fig.unit_for_key(key))
+            text += f" (from {fmt(spread[0])} to {fmt(spread[1])} across the nodes)"
+        return Row(EVIDENCE_LABELS.get(key) or humanize(key), text)
+
+    for key, value in evidence.items():
+        key = str(key)
+        if key in ("summary", "decided_by") or key in skip:
+            continue
+        if key == "explained_by" and isinstance(value, Sequence) and not isinstance(value, str):
+            text = (
+                " ".join(f"{c}: {describe_cause(described_causes, str(c))}" for c in value)
+                or "no known cause"
+            )
+            rows.append(Row("Explained by", text))
+            continue
+        rows.append(row(key, value))
+        shown.append((key, value))
+    for key, value in decided.items():
+        key = str(key)
+        if key.endswith(RANGE_SUFFIX) or key in evidence:
+            continue
+        if any(value == other for _, other in shown):
+            continue  # the same figure under another name (the window is the silence)
+        rows.append(row(key, value))
+        shown.append((key, value))
+    return rows
+
+
+def speed_cost_sentence(speed_cost: Mapping[str, Any]) -> str:
+    """The FP4 pipeline's speed cost of correctness per workload, with its interval and
+    whether its test found the two backends different."""
+    parts = []
+    for workload, cost in speed_cost.items():
+        if not isinstance(cost, Mapping) or as_number(cost.get("diff_tps")) is None:
+            continue
+        text = f"{workload} {fig.signed(float(cost['diff_tps']), fig.tps)} tok/s"
+        ci = as_interval(cost.get("diff_ci95"))
+        if ci:
+            text += f" (95 % interval {fig.signed_interval(ci, fig.tps)})"
+        if cost.get("significant") is False:
+            text += ", within noise"
+        elif cost.get("significant") is True:
+            text += ", a significant difference"
+        parts.append(text)
+    if not parts:
+        return ""
+    sentence = "Speed of the correct kernel against your default: " + "; ".join(parts) + "."
+    costs = [c for c in speed_cost.values() if isinstance(c, Mapping)]
+    if costs and all(c.get("significant") is False for c in costs):
+        sentence += " Correct output costs no measurable speed."
+    return sentence
+
+
+def _without_speed_cost(note: str) -> str:
+    """The FP4 change's note without the sentence in which it states the speed cost bare
+    (the section prints it with its interval instead)."""
+    kept = [s for s in re.split(r"(?<=\.)\s+", note) if not s.startswith("Speed cost of correctness")]
+    return " ".join(kept)
+
+
+def impact_size(finding: Mapping[str, Any]) -> float | None:
+    """How large the finding's measured change is relative to its metric: the change over
+    the value before (for a share, such as a pass rate, the change in share), the largest
+    of its impacts; None when nothing was measured."""
+    sizes = []
+    for impact in impacts_of(finding):
+        before, after = as_number(impact.get("before")), as_number(impact.get("after"))
+        if before is None or after is None:
+            continue
+        if impact_unit(impact) == "fraction":
+            sizes.append(abs(after - before))
+        elif before:
+            sizes.append(abs(after - before) / abs(before))
+        else:
+            sizes.append(1.0 if after else 0.0)
+    return max(sizes) if sizes else None
+
+
+ORDER_NOTE = (
+    "Findings are in order of impact: those that stopped the diagnostic first, then by the size of the "
+    "measured change relative to its metric (a cold start's seconds saved over its seconds before, a "
+    "rate's gain over the rate before, a pass rate's change in share), then those with no measured change."
+)
+
+
+def by_impact(found: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The findings in the report's order: blocking first, then the largest measured change."""
+
+    def key(item: tuple[int, Mapping[str, Any]]) -> tuple[bool, bool, float, int]:
+        index, finding = item
+        size = impact_size(finding)
+        return (finding.get("blocking") is not True, size is None, -(size or 0.0), index)
+
+    return [f for _, f in sorted(enumerate(found), key=key)]
+
+
 def why_it_matters(code: str, blocking: bool) -> str:
     if code.startswith("lab."):
         return (WHY.get(code) or LAB_BLOCKING_WHY) if blocking else LAB_WARNING_WHY
@@ -296,6 +525,7 @@ def build_finding(
     stage_titles: Mapping[str, tuple[str, str]],
     *,
     described_causes: Mapping[str, str],
+    speed_cost: Mapping[str, Any] | None = None,
 ) -> FindingSection:
     """One finding, whatever its code: what we saw, why it matters, the change, its effect.
 
@@ -310,19 +540,20 @@ def build_finding(
         claims_table = server_claims_table(evidence)
         if claims_table is not None:
             tables.append(claims_table)
-        for key, value in evidence.items():
-            if key == "summary" or (claims_table is not None and key in ("claims", "delivered")):
-                continue
-            if key == "explained_by" and isinstance(value, Sequence) and not isinstance(value, str):
-                text = (
-                    " ".join(f"{c}: {describe_cause(described_causes, str(c))}" for c in value)
-                    or "no known cause"
-                )
-                rows.append(Row("Explained by", text))
-                continue
-            rows.append(Row(EVIDENCE_LABELS.get(str(key)) or humanize(str(key)), value_text(str(key), value)))
+        rows = evidence_rows(
+            evidence,
+            skip={"claims", "delivered"} if claims_table is not None else set(),
+            described_causes=described_causes,
+        )
     elif evidence:
         lead = str(evidence)
+    raw_change = finding.get("change")
+    cost = speed_cost_sentence(speed_cost) if code.startswith("fp4.") and speed_cost else ""
+    if cost and isinstance(raw_change, Mapping) and raw_change.get("note"):
+        raw_change = {**raw_change, "note": _without_speed_cost(str(raw_change["note"]))}
+    change = build_change(raw_change)
+    if cost:
+        change.notes.append(cost)
     impacts = [build_impact(code, i) for i in impacts_of(finding)]
     if impacts:
         impact_note = ""
@@ -345,7 +576,7 @@ def build_finding(
         evidence=rows,
         evidence_tables=tables,
         why=str(finding.get("why") or why_it_matters(code, finding.get("blocking") is True)),
-        change=build_change(finding.get("change")),
+        change=change,
         impacts=impacts,
         impact_note=impact_note,
         see_also=see_also,

@@ -145,6 +145,65 @@ def _svg_text(fig: Figure, scope: str) -> str:
     return _REF.sub(lambda m: f"{m.group(1)}{scope}-{m.group(2)}", text)
 
 
+@dataclass(frozen=True)
+class WaterfallStep:
+    """One proving run of the cold-start waterfall: which fixes, how long, what was still seen."""
+
+    label: str
+    seconds: float
+    mode: str  # baseline | alone | all
+    ci95: Sequence[float] | None
+    remaining: Sequence[str]
+
+
+def cold_start_waterfall(steps: Sequence[WaterfallStep], *, scope: str) -> str:
+    """Horizontal bars, one per proving run, in minutes, each labelled with its seconds, its
+    change against the first (the customer's start) and the signatures it still showed."""
+    colours = {"baseline": BEFORE, "alone": "#7fa6c4", "all": AFTER}
+    with matplotlib.rc_context(_RC):
+        fig = _figure(0.55 + 0.34 * len(steps), left=1.75, right=2.6, top=0.1, bottom=0.45)
+        ax = fig.subplots()
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.grid(True, axis="x", color=GRID, linewidth=0.6)
+        ax.set_axisbelow(True)
+        first = steps[0].seconds if steps else 0.0
+        longest = max(s.seconds for s in steps) / 60
+        for row, step in enumerate(steps):
+            ax.barh(row, step.seconds / 60, height=0.62, color=colours.get(step.mode, AFTER), linewidth=0)
+            if step.ci95 is not None:
+                ax.errorbar(
+                    [step.seconds / 60],
+                    [row],
+                    xerr=[[(step.seconds - step.ci95[0]) / 60], [(step.ci95[1] - step.seconds) / 60]],
+                    color=INK,
+                    capsize=2,
+                    linewidth=0.8,
+                )
+            text = f"{step.seconds:.0f} s"
+            if row:
+                delta = step.seconds - first
+                text += f"  ({'+' if delta > 0 else chr(0x2212)}{abs(delta):.0f} s)"
+            ax.text(step.seconds / 60 + longest * 0.015, row, text, va="center", fontsize=7, color=INK)
+            seen = ", ".join(r.removeprefix("load.").replace("_", " ") for r in step.remaining) or "none"
+            ax.annotate(
+                f"still seen: {seen}",
+                (1.0, row),
+                xycoords=("axes fraction", "data"),
+                xytext=(8, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=6.8,
+                color="#555555" if step.remaining else AFTER,
+                annotation_clip=False,
+            )
+        ax.set_yticks(range(len(steps)), [s.label for s in steps])
+        ax.set_ylim(len(steps) - 0.5, -0.5)
+        ax.tick_params(axis="y", length=0)
+        ax.set_xlim(0, longest * 1.22)
+        ax.set_xlabel("true cold start, minutes (lab time)")
+        return _svg_text(fig, scope)
+
+
 def decode_runs(panels: Mapping[str, Sequence[RunSeries]], *, scope: str) -> str:
     """Per-run decode rates per workload, before and after, each with its mean and 95 % interval."""
     with matplotlib.rc_context(_RC):
@@ -342,10 +401,13 @@ def specdec_sweep(
                         linestyle="none",
                     )
             _mark(ax, mine, customer, "your setting", ACCENT, -16)
-            _mark(ax, mine, best.get(workload), "recommended", AFTER, 14)
+            _mark(ax, mine, best.get(workload), "deployed", AFTER, 14)
             ax.set_title(f"{workload} workload", loc="left", color=INK)
             ax.set_xlabel("draft length k")
-            ax.set_xticks(sorted({int(t["k"]) for t in mine if t["method"] != "none"}))
+            ks = sorted({int(t["k"]) for t in mine if t["method"] != "none"})
+            ax.set_xticks(ks)
+            # Room at both ends for the k = 0 points and the labels of the outermost settings.
+            ax.set_xlim(-0.5, (max(ks) if ks else 1) + 0.8)
         axes[0].set_ylabel("decode rate (tok/s)")
         handles, labels = axes[0].get_legend_handles_labels()
         confirm_n = sorted({str(t.get("n", "?")) for t in trials if t.get("stage") == "confirm"})

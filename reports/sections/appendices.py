@@ -9,8 +9,11 @@ are positions among the runs that have a rate.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import yaml
 
 from reports import figures as fig
 from reports.sections.configurations import configuration_label, measurement_after
@@ -98,6 +101,7 @@ def methodology_appendix(findings: Mapping[str, Any], number: str) -> StageSecti
         blocks.append(Block("paragraph", text))
     else:
         blocks.append(Block("paragraph", "The server's own figure was not measured in this engagement."))
+    blocks.extend(roofline_blocks(findings))
     blocks.append(Block("heading", "Cold starts, FP4 and speculative decoding"))
     blocks.append(
         Block(
@@ -219,3 +223,227 @@ def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
         blocks.append(Block("heading", "Notes from the measurement"))
         blocks.extend(Block("paragraph", note[0].upper() + note[1:]) for note in notes)
     return StageSection("raw-runs", number, "Raw per-run samples", True, blocks)
+
+
+STAGE_NAMES = {
+    "preflight": "Checks of our lab (preflight)",
+    "reproduce": "Your configuration reproduced",
+    "triage": "Cold start: triage and proof of each fix",
+    "fp4": "FP4 correctness",
+    "specdec": "Speculative decoding search",
+    "measure": "Delivered throughput, yours and tuned",
+    "report": "This report",
+}
+
+
+def _flat_changes(path: str, before: Any, after: Any) -> list[tuple[str, Any, Any]]:
+    """A change of a whole block (`speculative`: {...} to {...}) as the settings in it that differ."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        keys = list(dict.fromkeys([*before, *after]))
+        return [
+            change
+            for k in keys
+            if before.get(k) != after.get(k)
+            for change in _flat_changes(f"{path}.{k}", before.get(k), after.get(k))
+        ]
+    return [(path, before, after)]
+
+
+def _setting_value(value: Any) -> str:
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def tuned_configuration_appendix(
+    findings: Mapping[str, Any], number: str, finding_numbers: Mapping[str, str]
+) -> StageSection | None:
+    """The tuned configuration: each change with the finding that proved it, the launch
+    command, the configuration file and its difference from the customer's (`tuned`).
+    `finding_numbers` maps a finding code to its section number(s) in this report."""
+    tuned = findings.get("tuned")
+    if not isinstance(tuned, Mapping) or not tuned:
+        return None
+    blocks: list[Block] = [
+        Block(
+            "paragraph",
+            "Your configuration with every change this report proves, and nothing unproven; section 3.4 "
+            "measures it against yours with the same protocol.",
+        )
+    ]
+    rows = []
+    for change in tuned.get("changes") or []:
+        if not isinstance(change, Mapping):
+            continue
+        code = str(change.get("finding") or "")
+        for path, before, after in _flat_changes(
+            str(change.get("path", "")), change.get("from"), change.get("to")
+        ):
+            rows.append(
+                [path, _setting_value(before), _setting_value(after), finding_numbers.get(code, code)]
+            )
+    if rows:
+        blocks.append(
+            Block(
+                "table",
+                caption="The changes, each with the finding that proved it.",
+                columns=["Setting", "Yours", "Ours", "Finding"],
+                rows=rows,
+                wrap=True,
+            )
+        )
+    command = tuned.get("command")
+    if command:
+        blocks.append(Block("heading", "Launch command"))
+        blocks.append(Block("code", str(command).rstrip()))
+    config = tuned.get("config")
+    if isinstance(config, Mapping) and config:
+        blocks.append(Block("heading", "Configuration file"))
+        blocks.append(
+            Block(
+                "code",
+                yaml.safe_dump(
+                    dict(config), sort_keys=False, default_flow_style=False, allow_unicode=True
+                ).rstrip(),
+                caption="tuned-config.yaml, in the format of the file you submitted.",
+            )
+        )
+    diff = tuned.get("diff")
+    if diff:
+        lines = []
+        for line in str(diff).rstrip().splitlines():
+            sign = line[:1] if line[:1] in "+-" and not line.startswith(("+++", "---")) else ""
+            lines.append((sign, line))
+        blocks.append(Block("heading", "Difference from your file"))
+        blocks.append(Block("diff", rows=lines))
+    return StageSection("tuned-config", number, "The tuned configuration", True, blocks)
+
+
+def lab_time_appendix(findings: Mapping[str, Any], number: str) -> StageSection | None:
+    """The lab time each stage of the day spent, against the day's total (`job.stages`)."""
+    job = findings.get("job") or {}
+    stages = [
+        s
+        for s in job.get("stages") or []
+        if isinstance(s, Mapping) and as_number(s.get("lab_seconds")) is not None
+    ]
+    if not stages:
+        return None
+    spent = sum(float(s["lab_seconds"]) for s in stages)
+    total = as_number(job.get("lab_time_s")) or spent
+    rows = [
+        [
+            STAGE_NAMES.get(str(s.get("name")), str(s.get("name"))),
+            fig.minutes(float(s["lab_seconds"])),
+            fig.seconds(float(s["lab_seconds"])),
+            fig.percent(round(float(s["lab_seconds"]) / total, 3)) if total else "",
+        ]
+        for s in stages
+    ]
+    rows.append(["The whole day", fig.minutes(total), fig.seconds(total), "100 %" if total else ""])
+    blocks = [
+        Block(
+            "paragraph",
+            "Lab time is the time our lab spent on each stage of the day, restarts and waits included.",
+        ),
+        Block(
+            "table",
+            columns=["Stage", "Lab time", "", "Share of the day"],
+            numeric=[False, True, True, True],
+            rows=rows,
+        ),
+    ]
+    if spent < total * 0.98:
+        blocks.append(
+            Block(
+                "paragraph", f"The stages account for {fig.minutes(spent)}; the rest is time between stages."
+            )
+        )
+    return StageSection("lab-time", number, "Lab time by stage", True, blocks)
+
+
+ROOFLINE_INPUTS = (
+    ("tp", "Tensor-parallel group", fig.number),
+    ("mem_bw_gbs", "Memory bandwidth per GPU", lambda v: f"{fig.number(v)} GB/s"),
+    ("decode_bytes_per_token_gb", "Weights read per token", lambda v: f"{fig.number(v)} GB"),
+    ("mean_acceptance_length", "Tokens per step (acceptance length)", lambda v: f"{v:.2f}"),
+)
+
+
+def roofline_blocks(findings: Mapping[str, Any]) -> list[Block]:
+    """The hardware's bound on each delivered rate, with its inputs and their sources
+    (`measurement.roofline`: {customer|tuned: {workload: {bound_tps, fraction, inputs, formula}}})."""
+    roofline = (findings.get("measurement") or {}).get("roofline")
+    if not isinstance(roofline, Mapping) or not roofline:
+        return []
+    entries = [
+        (side, workload, entry)
+        for side in ("customer", "tuned")
+        for workload, entry in (roofline.get(side) or {}).items()
+        if isinstance(entry, Mapping) and as_number(entry.get("bound_tps")) is not None
+    ]
+    if not entries:
+        return []
+    names = {"customer": "yours", "tuned": "with our changes"}
+    keys = [k for k in ROOFLINE_INPUTS if any(k[0] in (e.get("inputs") or {}) for _, _, e in entries)]
+    rows = []
+    for side, workload, entry in entries:
+        inputs = entry.get("inputs") or {}
+        fraction = as_number(entry.get("fraction"))
+        measured = (
+            findings["measurement"] if side == "customer" else findings["measurement"].get("tuned") or {}
+        )
+        delivered = as_number((measured.get(workload) or {}).get("mean_tps"))
+        rows.append(
+            [
+                workload,
+                names[side],
+                *(fmt(inputs[key]) if as_number(inputs.get(key)) is not None else "" for key, _, fmt in keys),
+                fig.tps(float(entry["bound_tps"])),
+                fig.tps(delivered) if delivered is not None else "",
+                fig.percent(fraction) if fraction is not None else "",
+            ]
+        )
+    formulas = {str(e.get("formula")) for _, _, e in entries if e.get("formula")}
+    text = (
+        "Decoding one token at batch 1 reads the active weights once from memory, so memory bandwidth "
+        "bounds the rate: the tensor-parallel group reads in parallel, and with speculative decoding each "
+        "step yields its acceptance length in tokens. The bound is what this hardware allows; the "
+        "delivered rate is shown as a share of it."
+    )
+    if len(formulas) == 1:
+        # The measure stage writes the formula in its input names; it is printed in words.
+        formula = formulas.pop()
+        for key, label, _ in ROOFLINE_INPUTS:
+            words = label.split(" (")[0]
+            formula = re.sub(rf"\b{re.escape(key)}\b", words[:1].lower() + words[1:], formula)
+        text += f" Formula: {formula}."
+    blocks = [
+        Block("heading", "The hardware's bound"),
+        Block("paragraph", text),
+        Block(
+            "table",
+            caption="The bound per workload and configuration, with its inputs.",
+            columns=[
+                "Workload",
+                "Configuration",
+                *(label for _, label, _ in keys),
+                "Bound tok/s",
+                "Delivered tok/s",
+                "Share of the bound",
+            ],
+            numeric=[False, False, *(True for _ in keys), True, True, True],
+            rows=rows,
+        ),
+    ]
+    sources = []
+    for _, _, entry in entries:
+        inputs = entry.get("inputs") or {}
+        for key in ("model_source", "accelerator_source"):
+            if inputs.get(key) and str(inputs[key]) not in sources:
+                sources.append(str(inputs[key]))
+    if sources:
+        blocks.append(Block("paragraph", "Sources: " + "; ".join(sources) + "."))
+    return blocks

@@ -47,40 +47,9 @@ def cold_start_section(cold: Any, figures: FigureCounter, number: str) -> StageS
         if causes:
             text += f". Root causes: {', '.join(str(c) for c in causes)}"
         blocks.append(Block("paragraph", text + "."))
-    waterfall = cold.get("waterfall") or []
+    waterfall = [w for w in cold.get("waterfall") or [] if isinstance(w, Mapping)]
     if waterfall:
-        rows = []
-        for step in waterfall:
-            value = as_number(step.get("cold_start_s"))
-            ci = as_interval(step.get("ci95"))
-            delta = as_interval(step.get("delta_ci95"))
-            rows.append(
-                [
-                    str(step.get("step", "")),
-                    str(step.get("fixes") or "\u2014"),
-                    str(step.get("n", "")),
-                    fig.seconds_bare(value) if value is not None else "",
-                    fig.interval(ci, fig.seconds_bare) if ci else "",
-                    fig.signed_interval(delta, fig.seconds_bare) if delta else "",
-                ]
-            )
-        blocks.append(
-            Block(
-                "table",
-                caption="Waterfall: each change applied on top of the previous ones, measured with "
-                "true cold starts.",
-                columns=[
-                    "Step",
-                    "Removes",
-                    "n",
-                    "Cold start (s)",
-                    "95 % interval (s)",
-                    "Change, 95 % interval (s)",
-                ],
-                numeric=[False, False, True, True, True, True],
-                rows=rows,
-            )
-        )
+        blocks.extend(waterfall_blocks(cold, waterfall, figures))
     phases = [p for p in cold.get("phases") or [] if isinstance(p, Mapping)]
     if phases:
         plot = figures.plot(
@@ -135,3 +104,143 @@ def cold_start_section(cold: Any, figures: FigureCounter, number: str) -> StageS
             if plot:
                 blocks.append(plot)
     return StageSection("cold-start", number, title, True, blocks)
+
+
+def _change_text(changes: Any) -> str:
+    parts = []
+    for change in changes or []:
+        if isinstance(change, Mapping) and change.get("path"):
+            before = "not set" if change.get("from") is None else str(change.get("from"))
+            after = "not set" if change.get("to") is None else str(change.get("to"))
+            parts.append(f"{change['path']}: {before} {fig.ARROW} {after}")
+    return "\n".join(parts)
+
+
+def waterfall_blocks(
+    cold: Mapping[str, Any], waterfall: list[Mapping[str, Any]], figures: FigureCounter
+) -> list[Block]:
+    """The waterfall of proving runs as a chart and a table: each fix alone, then all of them,
+    each a true cold start, with the stall signatures still seen in it and those gone."""
+    causes = [str(c) for c in cold.get("root_causes") or []]
+    for step in waterfall:
+        causes += [str(c) for c in step.get("signatures") or [] if str(c) not in causes]
+    baseline = next(
+        (as_number(w.get("cold_start_s")) for w in waterfall if w.get("mode") == "baseline"), None
+    )
+    blocks: list[Block] = []
+    bars = [
+        plots.WaterfallStep(
+            label=str(step.get("step", "")),
+            seconds=float(step["cold_start_s"]),
+            mode=str(step.get("mode") or ""),
+            ci95=as_interval(step.get("ci95")),
+            remaining=[str(c) for c in step.get("signatures") or []],
+        )
+        for step in waterfall
+        if as_number(step.get("cold_start_s")) is not None
+    ]
+    if bars:
+        plot = figures.plot(
+            plots.cold_start_waterfall,
+            "True cold start of your configuration, of each fix applied alone, and of all of them together "
+            "(lab time). Beside each bar, the stall signatures still seen in that start.",
+            steps=bars,
+        )
+        if plot:
+            blocks.append(plot)
+    rows = []
+    any_ci = any(as_interval(step.get("ci95")) for step in waterfall)
+    for step in waterfall:
+        value = as_number(step.get("cold_start_s"))
+        delta = as_number(step.get("delta_s"))
+        if delta is None and value is not None and baseline is not None and step.get("mode") != "baseline":
+            delta = value - baseline
+        delta_ci = as_interval(step.get("delta_ci95"))
+        seen = {str(c) for c in step.get("signatures") or []}
+        change = _change_text(step.get("changes")) or "none: your configuration"
+        row = [
+            str(step.get("step", "")),
+            change,
+            str(step.get("n", "")),
+            fig.seconds_bare(value) if value is not None else "",
+        ]
+        if any_ci:
+            ci = as_interval(step.get("ci95"))
+            row.append(fig.interval(ci, fig.seconds_bare) if ci else "")
+        row.append(
+            (fig.signed(delta, fig.seconds_bare) if delta is not None else "")
+            + (f"\n{fig.signed_interval(delta_ci, fig.seconds_bare)}" if delta_ci else "")
+        )
+        row += ["seen" if c in seen else "gone" for c in causes]
+        rows.append(row)
+    columns = [
+        "Step",
+        "Change",
+        "n",
+        "Cold start (s)",
+        *(["95 % interval"] if any_ci else []),
+        "Against yours (s)",
+    ]
+    blocks.append(
+        Block(
+            "table",
+            caption="The waterfall: each fix applied alone to your configuration, then all together, each "
+            "measured with true cold starts; for each stall signature, whether that start still showed it.",
+            columns=[*columns, *(c.removeprefix("load.").replace("_", " ") for c in causes)],
+            numeric=[False, False, True, True, *([True] if any_ci else []), True, *(False for _ in causes)],
+            rows=rows,
+            wrap=True,
+        )
+    )
+    gone = [
+        str(step.get("fixes"))
+        for step in waterfall
+        if step.get("mode") == "alone" and step.get("signature_gone") is True and step.get("fixes")
+    ]
+    kept = [
+        str(step.get("fixes"))
+        for step in waterfall
+        if step.get("mode") == "alone" and step.get("signature_gone") is False and step.get("fixes")
+    ]
+    text = ""
+    if gone:
+        text = (
+            "Each fix removed its own signature: "
+            + ", ".join(gone)
+            + (
+                " no longer appears in the start with its fix."
+                if len(gone) == 1
+                else " no longer appear in the starts with their fixes."
+            )
+        )
+    if kept:
+        text += (" " if text else "") + "Still seen after its fix: " + ", ".join(kept) + "."
+    if text:
+        blocks.append(Block("paragraph", text))
+    blocks.extend(compile_notes(cold))
+    return blocks
+
+
+def compile_notes(cold: Mapping[str, Any]) -> list[Block]:
+    """The one-time compile of a kept JIT cache: the warm-up start that filled it before a
+    proving run, the tuned configuration's first start, and the triage's own notes."""
+    texts = []
+    for step in cold.get("steps") or []:
+        warm = as_number(step.get("warm_up_lab_s")) if isinstance(step, Mapping) else None
+        if warm:
+            texts.append(
+                f"For \u201c{step.get('step')}\u201d the engine was first started once to compile its "
+                f"kernels into the kept cache ({fig.seconds(warm)} of lab time); the cold start measured is "
+                "the one after it, as your users will see every start after the first."
+            )
+    first, after = as_number(cold.get("after_first_boot_s")), as_number(cold.get("after_s"))
+    if first is not None:
+        text = (
+            "The first start of the tuned configuration compiled the kernels once into the kept cache "
+            f"and took {fig.seconds(first)}"
+        )
+        texts.append(
+            text + (f"; every start after it took {fig.seconds(after)}." if after is not None else ".")
+        )
+    texts += [str(n) for n in cold.get("notes") or [] if n]
+    return [Block("paragraph", t[0].upper() + t[1:]) for t in texts]

@@ -21,10 +21,153 @@ from reports.structure import (
     StageSection,
     as_interval,
     as_number,
+    comparison_text,
     present,
     setting_label,
     workloads_in,
 )
+
+
+def _stage(trial: Mapping[str, Any]) -> str:
+    """A trial's stage: the search writes `phase` (and `stage` with the same value)."""
+    return str(trial.get("phase") or trial.get("stage") or "screen")
+
+
+def _setting_of(value: Any) -> tuple[str, int] | None:
+    if isinstance(value, Mapping) and value.get("k") is not None:
+        return (str(value.get("method") or "none"), int(value["k"]))
+    return None
+
+
+def _rate_cell(trial: Mapping[str, Any] | None) -> str:
+    if not trial or as_number(trial.get("mean_tps")) is None:
+        return ""
+    ci = as_interval(trial.get("ci95"))
+    return fig.tps(float(trial["mean_tps"])) + (f"\n{fig.interval(ci, fig.tps)}" if ci else "")
+
+
+def search_paragraph(spec: Mapping[str, Any]) -> str:
+    """How the search went: what it tried, its two protocols, and its lab time against a sweep."""
+    protocol = spec.get("protocol") or {}
+    screen, confirm = protocol.get("screen") or {}, protocol.get("confirm") or {}
+    text = "We searched the draft length k for each method and workload: short screening runs first"
+    if screen.get("n"):
+        text += f" ({screen['n']} runs of {screen.get('max_tokens', '?')} tokens per workload)"
+    text += ", then a confirmation of the promising settings"
+    if confirm.get("n"):
+        text += f" ({confirm['n']} fresh runs of {confirm.get('max_tokens', '?')} tokens)"
+    text += "; only confirmation runs decide."
+    notes = (spec.get("space") or {}).get("notes") or {}
+    skipped = [f"{m} was {why}" for m, why in notes.items() if str(why).startswith("not tried")]
+    if skipped:
+        text += " " + "; ".join(skipped) + "."
+    lab_s, sweep_s = as_number(spec.get("lab_time_s")), as_number(spec.get("sweep_estimate_s"))
+    share = as_number(spec.get("lab_time_vs_sweep"))
+    if lab_s is not None:
+        text += f" The search spent {fig.minutes(lab_s)} of lab time"
+        if sweep_s is not None:
+            settings = (spec.get("sweep_basis") or {}).get("settings") or (spec.get("space") or {}).get(
+                "settings"
+            )
+            text += (
+                f", {fig.percent(share if share is not None else lab_s / sweep_s)} of the "
+                f"{fig.hours(sweep_s)} an exhaustive sweep"
+                + (f" of all {settings} settings" if settings else "")
+                + " at the full protocol would have taken"
+            )
+        text += "."
+    return text
+
+
+def finalists_block(
+    spec: Mapping[str, Any], trials: Sequence[Mapping[str, Any]], workloads: Sequence[str]
+) -> Block | None:
+    """The confirmed settings side by side per workload, and those the budget left unconfirmed."""
+    finalists = [f for f in (_setting_of(x) for x in spec.get("finalists") or []) if f]
+    if not finalists:
+        return None
+    confirmed = {
+        ((str(t.get("method") or "none")), int(t.get("k") or 0), str(t.get("workload"))): t
+        for t in trials
+        if _stage(t) == "confirm"
+    }
+    customer = _setting_of(spec.get("customer")) or _setting_of(spec.get("baseline"))
+    deployed = _setting_of(spec.get("deployed")) or _setting_of(spec.get("chosen"))
+    rows = []
+    for method, k in finalists:
+        role = []
+        if (method, k) == customer:
+            role.append("yours")
+        if (method, k) == deployed:
+            role.append("deployed")
+        rows.append(
+            [
+                setting_label(None if method == "none" else method, k),
+                ", ".join(role),
+                *(_rate_cell(confirmed.get((method, k, w))) for w in workloads),
+            ]
+        )
+    for item in spec.get("not_confirmed") or []:
+        setting = _setting_of(item)
+        if setting:
+            rows.append(
+                [
+                    setting_label(setting[0], setting[1]),
+                    f"not confirmed: {item.get('why', '')}",
+                    *("" for _ in workloads),
+                ]
+            )
+    return Block(
+        "table",
+        caption="The finalists: every setting confirmed with fresh runs, mean decode rate (tok/s) and its "
+        "95 % interval per workload.",
+        columns=["Setting", "", *workloads],
+        numeric=[False, False, *(True for _ in workloads)],
+        rows=rows,
+    )
+
+
+def deployed_blocks(spec: Mapping[str, Any]) -> list[Block]:
+    """The one setting a server runs for the customer's mix, in the customer's own launch syntax."""
+    deployed = spec.get("deployed")
+    if not isinstance(deployed, Mapping) or deployed.get("k") is None:
+        return []
+    setting = setting_label(deployed.get("method"), deployed.get("k"))
+    weights = deployed.get("weights") or {}
+    text = "One server runs one setting. For your workload mix"
+    if weights:
+        text += " (" + ", ".join(f"{w} {fig.number(v)}" for w, v in weights.items()) + " by weight)"
+    text += f" we deploy {setting}"
+    mix = as_number(deployed.get("mix_tps"))
+    versus = deployed.get("vs_customer") or {}
+    if mix is not None:
+        text += f": {fig.tps(mix)} tok/s over the mix"
+        before = as_number(versus.get("before_tps"))
+        if before is not None:
+            text += f" against {fig.tps(before)} with yours"
+        if as_number(versus.get("diff_tps")) is not None:
+            text += f" ({comparison_text(versus)})"
+    text += "."
+    if deployed.get("changed") is False:
+        text += " Nothing tested was significantly faster than your setting, so it stays."
+    given_up = [
+        f"{w} gives up {fig.tps(float(v['gives_up_tps']))} tok/s "
+        f"({fig.percent(float(v.get('gives_up_pct', 0)) / 100)})"
+        for w, v in (deployed.get("workloads") or {}).items()
+        if isinstance(v, Mapping) and (as_number(v.get("gives_up_tps")) or 0) > 0.05
+    ]
+    if given_up:
+        text += " Against each workload's own fastest setting, " + "; ".join(given_up) + "."
+    elif deployed.get("workloads"):
+        text += " It is the fastest confirmed setting on every workload, so no workload gives anything up."
+    blocks = [Block("heading", "The setting we deploy"), Block("paragraph", text)]
+    mine, ours = spec.get("customer_launch_syntax"), deployed.get("launch_syntax")
+    if ours and mine:
+        blocks.append(Block("code", str(mine), caption="Your launch command has:"))
+        blocks.append(Block("code", str(ours), caption="Replace it with:"))
+    elif ours:
+        blocks.append(Block("code", str(ours), caption="Add to your launch command:"))
+    return blocks
 
 
 def speculative_section(
@@ -37,10 +180,11 @@ def speculative_section(
     baseline = spec.get("baseline") or {}
     best = spec.get("best") or {}
     none = spec.get("none") or {}
+    verdicts = spec.get("verdicts") or {}
     workloads = workloads_in(baseline, best, none)
     rows = []
     for workload in workloads:
-        for label, section in (("no speculation", none), ("your setting", baseline), ("recommended", best)):
+        for label, section in (("no speculation", none), ("your setting", baseline), ("fastest", best)):
             block = section.get(workload) if isinstance(section, Mapping) else None
             if not isinstance(block, Mapping):
                 continue
@@ -55,48 +199,57 @@ def speculative_section(
                     str(block.get("n", "")),
                     fig.tps(float(block["mean_tps"])) if as_number(block.get("mean_tps")) is not None else "",
                     fig.interval(ci, fig.tps) if ci else "",
+                    str(verdicts.get(workload, "")) if label == "your setting" else "",
                 ]
             )
-    lab_s = as_number(spec.get("lab_time_s"))
-    intro = (
-        "We searched the draft length k for each method and workload: short screening runs first, then a "
-        "confirmation of the promising settings with the full protocol."
-    )
-    if lab_s is not None:
-        intro += f" The search spent {fig.minutes(lab_s)} of lab time."
-    blocks.append(Block("paragraph", intro))
+    blocks.append(Block("paragraph", search_paragraph(spec)))
     if rows:
         blocks.append(
             Block(
                 "table",
-                caption="Decode rate per workload: without speculation, with your setting, and with "
-                "the recommended one.",
-                columns=["Workload", "", "Setting", "n", "Decode tok/s", "95 % interval"],
-                numeric=[False, False, False, True, True, True],
+                caption="Decode rate per workload from the confirmation runs: without speculation, with your "
+                "setting, and with the fastest one; the verdict is the search's on your setting.",
+                columns=["Workload", "", "Setting", "n", "Decode tok/s", "95 % interval", "Your setting"],
+                numeric=[False, False, False, True, True, True, False],
                 rows=rows,
             )
         )
-    trials = [t for t in spec.get("trials") or [] if isinstance(t, Mapping) and as_interval(t.get("ci95"))]
+    trials = [
+        {**t, "stage": _stage(t)}
+        for t in spec.get("trials") or []
+        if isinstance(t, Mapping) and as_interval(t.get("ci95")) and t.get("workload") is not None
+    ]
     if trials:
         customer_spec = config.get("speculative") or {}
         customer = None
         if customer_spec.get("method") and customer_spec.get("num_speculative_tokens"):
             customer = (str(customer_spec["method"]), int(customer_spec["num_speculative_tokens"]))
-        chosen = {
-            w: (str(best[w].get("method")), int(best[w]["k"]))
-            for w in workloads
-            if isinstance(best.get(w), Mapping) and best[w].get("k") is not None
-        }
+        deployed = _setting_of(spec.get("deployed")) or _setting_of(spec.get("chosen"))
+        chosen = (
+            {w: deployed for w in workloads}
+            if deployed
+            else {
+                w: (str(best[w].get("method")), int(best[w]["k"]))
+                for w in workloads
+                if isinstance(best.get(w), Mapping) and best[w].get("k") is not None
+            }
+        )
         plot = figures.plot(
             plots.specdec_sweep,
             "Decode rate against draft length k, per method and workload, with 95 % intervals. Screening "
-            "runs are joined by lines; diamonds are confirmation runs; the dashed line is no speculation.",
+            "runs are joined by lines; diamonds are confirmation runs, which alone decide; the dashed line "
+            "is no speculation.",
             trials=trials,
             customer=customer,
             best=chosen,
         )
         if plot:
             blocks.append(plot)
+        finalists = finalists_block(spec, trials, workloads)
+        if finalists:
+            blocks.append(finalists)
+    blocks.extend(deployed_blocks(spec))
+    if trials:
         blocks.append(_trial_grid(trials))
     return StageSection("speculative", number, title, True, blocks)
 

@@ -18,7 +18,12 @@ from typing import Any
 
 from reports import figures as fig
 from reports import plots
-from reports.sections.configurations import configuration_label, measurement_after
+from reports.sections.configurations import (
+    after_of,
+    configuration_label,
+    measurement_after,
+    roofline_fraction,
+)
 from reports.structure import (
     NOT_RUN,
     Block,
@@ -29,6 +34,7 @@ from reports.structure import (
     cause_descriptions,
     describe_cause,
     humanize,
+    p_value,
     present,
     workloads_in,
 )
@@ -64,16 +70,44 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
                     fig.milliseconds(float(block["ttft_s"]))
                     if as_number(block.get("ttft_s")) is not None
                     else "",
+                    _bound_cell(
+                        findings, before, workload, section is measurement or after_of(findings).measured
+                    ),
                 ]
             )
-    blocks.append(
-        Block(
-            "paragraph",
-            "Delivered tokens per second of a single stream, counted at the client by re-tokenizing the "
-            "text it received (appendix A). The mean of per-run decode rates is given with its Student-t 95 "
-            "% interval.",
-        )
+    text = (
+        "Delivered tokens per second of a single stream, counted at the client by re-tokenizing the "
+        "text it received (appendix A). The mean of per-run decode rates is given with its Student-t 95 "
+        "% interval."
     )
+    if any(row[-1] for row in rows):
+        text += (
+            " \u201cOf the bound\u201d is the share of what this hardware allows for that configuration: "
+            "memory bandwidth over the weights read per token, times the tokens each speculative step yields "
+            "(appendix A)."
+        )
+    differences = measurement.get("difference") or {}
+    said = []
+    for workload in workloads:
+        d = differences.get(workload) if isinstance(differences, Mapping) else None
+        if isinstance(d, Mapping) and as_number(d.get("diff")) is not None:
+            ci = as_interval(d.get("ci95"))
+            p = as_number(d.get("p"))
+            different = d.get("different")
+            verdict = (
+                "not tested"
+                if not isinstance(different, bool)
+                else ("different" if different else "within noise")
+            )
+            said.append(
+                f"{workload} {fig.signed(float(d['diff']), fig.tps)} tok/s"
+                + (f" [{fig.signed(ci[0], fig.tps)}, {fig.signed(ci[1], fig.tps)}]" if ci else "")
+                + (f", {p_value(p)}" if p is not None else "")
+                + f", {verdict}"
+            )
+    if said:
+        text += " With our changes against yours (Welch's test, 5 %): " + "; ".join(said) + "."
+    blocks.append(Block("paragraph", text))
     if rows:
         blocks.append(
             Block(
@@ -88,8 +122,9 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
                     "Median",
                     "Range",
                     "TTFT",
+                    "Of the bound",
                 ],
-                numeric=[False, False, True, True, True, True, True, True],
+                numeric=[False, False, True, True, True, True, True, True, True],
                 rows=rows,
             )
         )
@@ -118,7 +153,7 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
         plot = figures.plot(
             plots.decode_runs,
             "Decode rate of every measured run, per workload, for your configuration"
-            + (" and the recommended one" if compared else "")
+            + (" and with our changes" if compared else "")
             + ". The line is the mean, the band and the bar at the right its 95 % interval.",
             panels=panels,
         )
@@ -165,6 +200,11 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
             )
             blocks.extend(_reconciliation_blocks(measurement, workloads))
     return StageSection("throughput", number, title, True, blocks)
+
+
+def _bound_cell(findings: Mapping[str, Any], before: bool, workload: str, measured: bool) -> str:
+    fraction = roofline_fraction(findings, before, workload) if measured else None
+    return fig.percent(fraction) if fraction is not None else ""
 
 
 CLAIM_COLUMNS = ["Workload", "Delivered tok/s", "Server claims tok/s", "Read from", "Claimed / delivered"]

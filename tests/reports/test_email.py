@@ -115,13 +115,13 @@ def test_the_eml_file_carries_both_bodies_and_the_pdf(
     assert text is not None and html is not None
     body = squash(text.get_content())
     assert f"Dear {CUSTOMER}," in body
-    code = f["measurement"]["code"]["mean_tps"], f["speculative"]["best"]["code"]["mean_tps"]
+    code = f["measurement"]["code"]["mean_tps"], f["measurement"]["tuned"]["code"]["mean_tps"]
     assert f"Decode rate, code (tok/s): {fig.tps(code[0])}" in body
     assert f"-> {fig.tps(code[1])}" in body
     assert "Money-back guarantee: does not apply." in body
     assert "<strong>" + fig.tps(code[1]) + "</strong>" in html.get_content()
     name, pdf_bytes = _attached_pdf(parsed)
-    assert name == attachment_name(f) == "diagnostic-findings-fixture-ref-0001.pdf"
+    assert name == attachment_name(f) == f"diagnostic-findings-{f['job']['id']}.pdf"
     assert pdf_bytes == report.pdf_path.read_bytes()
 
 
@@ -186,7 +186,7 @@ def test_the_report_email_reaches_an_smtp_server_once_with_the_right_pdf(
         send_report_email(message, job_id=f["job"]["id"], report_digest=report.digest)
     assert len(smtp_server.messages) == 1
     received = _parse(smtp_server.messages[0])
-    assert received["Subject"] == "Your serving diagnostic findings (job fixture-ref-0001)"
+    assert received["Subject"] == f"Your serving diagnostic findings (job {f['job']['id']})"
     _, pdf_bytes = _attached_pdf(received)
     reader = PdfReader(io.BytesIO(pdf_bytes))
     assert len(reader.pages) == report.pages

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from reports import figures as fig
 from reports import findings as finding_sections
 from reports.structure import NO_CAUSE_DESCRIPTION
 from tests.reports.conftest import report_content
@@ -59,8 +60,60 @@ def test_a_change_renders_as_a_configuration_and_environment_diff() -> None:
     ]
     assert change.flags_add == "--moe-backend cutlass"
     assert change.flags_remove == "--enforce-eager"
-    assert change.notes == ["Set it on every node."]
+    assert change.notes == ["Set it on every node.", finding_sections.NCCL_NOTE]
     assert [(r.label, r.value) for r in change.other] == [("Restart", "rolling")]
+
+
+def test_an_environment_change_written_twice_is_printed_once() -> None:
+    # The triage writes the NCCL names both as configuration paths and as `env`.
+    change = finding_sections.build_change(
+        {
+            "config": {"env.NCCL_SOCKET_IFNAME": {"from": None, "to": "enP7s7"}},
+            "env": {"NCCL_SOCKET_IFNAME": "enP7s7"},
+        }
+    )
+    assert [(d.sign, d.text) for d in change.diff] == [("+", "NCCL_SOCKET_IFNAME=enP7s7")]
+    assert "ip route show default" in change.notes[-1] and "ibdev2netdev" in change.notes[-1]
+
+
+def test_the_readings_that_decided_a_finding_are_shown_once_with_their_range(
+    findings: dict[str, Any],
+) -> None:
+    (section,) = [s for s in report_content(findings).findings if s.code == "load.weights_io"]
+    rows = {r.label: r.value for r in section.evidence}
+    decided = next(f for f in findings["findings"] if f["code"] == "load.weights_io")["evidence"][
+        "decided_by"
+    ]
+    lo, hi = decided["disk_read_mbps_mean_range"]
+    assert rows["Disk read, mean"] == f"328.7 MB/s (from {lo:,.1f} MB/s to {hi:,.1f} MB/s across the nodes)"
+    assert rows["Page cache growth"] == "27.1 GiB/min"
+    assert rows["Nodes where we saw it"] == "spark-01 to spark-08 (8 nodes)"
+    assert rows["Loader"] == "load format auto, safetensors load strategy lazy"
+    assert "Decided by" not in rows
+    text = " ".join(f"{r.label} {r.value}" for r in section.evidence)
+    for raw in ("_range", "disk_read_mbps", "{", ": "):
+        assert raw not in text, raw
+
+
+def test_node_lists_fold_runs_of_numbered_names() -> None:
+    names = ["spark-01", "spark-02", "spark-03", "spark-04", "spark-06", "spark-07", "spark-08"]
+    assert finding_sections.node_list(names) == "spark-01 to spark-04, spark-06 to spark-08 (7 nodes)"
+    assert finding_sections.node_list(["a", "b"]) == "a, b"
+
+
+def test_the_fp4_change_gives_its_speed_cost_with_the_interval_and_says_when_it_is_noise(
+    findings: dict[str, Any],
+) -> None:
+    (section,) = [s for s in report_content(findings).findings if s.code == "fp4.kernel_dispatch"]
+    notes = " ".join(section.change.notes)
+    assert "+1.60 tok/s (+6.2 %)" not in notes
+    code = findings["fp4"]["speed_cost"]["code"]
+    interval = fig.signed_interval(code["diff_ci95"], fig.tps)
+    change = fig.signed(code["diff_tps"], fig.tps)
+    assert f"code {change} tok/s (95 % interval {interval}), within noise" in notes
+    assert "within noise" in notes and "Correct output costs no measurable speed." in notes
+    (impact,) = section.impacts
+    assert (impact.before, impact.after, impact.change) == ("0 %", "100 %", "+100.0 pp")
 
 
 def _explained_by(document: dict[str, Any]) -> str:

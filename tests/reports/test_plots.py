@@ -45,18 +45,32 @@ def test_each_plot_prefixes_its_ids_so_two_plots_share_none(findings: dict[str, 
 
 def test_the_stall_plot_marks_a_signal_that_was_not_sampled(findings: dict[str, Any]) -> None:
     stalls = findings["cold_start"]["stalls"]
+    for stall in stalls[1:]:
+        del stall["telemetry"]["page_cache_gib"]
     svg = plots.stall_telemetry(stalls, ["a", "b", "c"], scope="s")
-    # Page cache was sampled only during the weights stall.
+    # Page cache is left sampled only during the weights stall.
     assert svg.count("not sampled") == 2
 
 
-def test_the_sweep_labels_your_setting_and_the_recommended_one(findings: dict[str, Any]) -> None:
+def test_the_sweep_labels_your_setting_and_the_deployed_one(findings: dict[str, Any]) -> None:
+    trials = [{**t, "stage": t["phase"]} for t in findings["speculative"]["trials"]]
     svg = plots.specdec_sweep(
-        findings["speculative"]["trials"],
+        trials,
         customer=("eagle3", 4),
-        best={"code": ("eagle3", 3), "prose": ("eagle3", 2)},
+        best={"code": ("eagle3", 2), "prose": ("eagle3", 2)},
         scope="w",
     )
     assert svg.count("your setting") == 2
-    assert svg.count("recommended") == 2
+    assert svg.count("deployed") == 2
     assert "confirmation (n = 15)" in svg
+
+
+def test_the_waterfall_plot_shows_each_start_and_what_it_still_showed(findings: dict[str, Any]) -> None:
+    steps = [
+        plots.WaterfallStep(s["step"], s["cold_start_s"], s["mode"], None, s["signatures"])
+        for s in findings["cold_start"]["waterfall"]
+    ]
+    svg = plots.cold_start_waterfall(steps, scope="c")
+    assert svg.count("still seen:") == len(steps)
+    assert "still seen: none" in svg
+    assert "(\u2212413 s)" in svg

@@ -37,18 +37,22 @@ def test_the_summary_shows_decode_rates_before_and_after_with_their_intervals(
     reference_report: ReferenceReport,
 ) -> None:
     f, flat = reference_report.findings, reference_report.flat
+    measurement = f["measurement"]
     for workload in ("code", "prose"):
-        before, after = f["measurement"][workload], f["speculative"]["best"][workload]
+        # After is the tuned configuration as the measure stage measured it, and the change
+        # its Welch difference, not the speculative search's shorter runs.
+        before, after = measurement[workload], measurement["tuned"][workload]
+        difference = measurement["difference"][workload]
         for block in (before, after):
             assert _has(flat, fig.tps(block["mean_tps"])), workload
             assert _has(flat, f"({fig.interval(block['ci95'], fig.tps)})"), workload
-        impact = next(
-            i["impact"]
-            for i in f["findings"]
-            if (i["impact"] or {}).get("metric") == f"decode_tps.{workload}"
-        )
-        assert _has(flat, fig.signed(after["mean_tps"] - before["mean_tps"], fig.tps))
-        assert _has(flat, fig.signed_interval(impact["ci95"], fig.tps))
+        assert _has(flat, fig.signed(difference["diff"], fig.tps))
+        assert _has(flat, fig.signed_interval(difference["ci95"], fig.tps))
+        for side in ("customer", "tuned"):
+            share = measurement["roofline"][side][workload]["fraction"]
+            assert _has(flat, f"{fig.percent(share)} of what this hardware allows"), (workload, side)
+    code = fig.tps(measurement["code"]["mean_tps"]), fig.tps(measurement["tuned"]["code"]["mean_tps"])
+    assert _has(flat, f"single-stream decode on code goes from {code[0]} to {code[1]} tok/s")
 
 
 def test_the_summary_shows_cold_start_fp4_and_money_back(reference_report: ReferenceReport) -> None:
@@ -101,10 +105,12 @@ def test_the_server_claim_and_its_reconciliation_are_shown(reference_report: Ref
     assert re.search(r"Draft tokens rejected\s+" + r"\s+".join(map(re.escape, rejected)), text)
     assert _has(
         flat,
-        "Also tested: metrics.server_busy_time (not testable here), metrics.client_counts_chunks "
-        "(present, but does not explain the ratio).",
+        "Also tested: metrics.server_busy_time (not present), metrics.unseen_tokens (not present), "
+        "metrics.orphaned_requests (not present), metrics.client_counts_chunks (present, but does not "
+        "explain the ratio).",
     )
-    assert _has(flat, "38 log windows qualified.")
+    windows = sum(f["measurement"][w]["server_claim"]["log"]["windows"] for w in ("code", "prose"))
+    assert _has(flat, f"{windows} log windows qualified.")
 
 
 def test_the_overclaim_finding_sets_each_claim_beside_what_was_delivered(
@@ -114,15 +120,11 @@ def test_the_overclaim_finding_sets_each_claim_beside_what_was_delivered(
     finding = next(x for x in f["findings"] if x["code"] == "metrics.server_overclaim")
     evidence = finding["evidence"]
     for w in ("code", "prose"):
-        got, log = evidence["delivered"][w], evidence["claims"][w]["log"]
-        cells = [
-            w,
-            fig.tps(got["mean_tps"]),
-            fig.interval(got["ci95"], fig.tps),
-            fig.tps(log["claimed_tps"]),
-            f"({fig.ratio(log['claimed_tps'] / got['mean_tps'])})",
-            "not measured",
-        ]
+        got, claims = evidence["delivered"][w], evidence["claims"][w]
+        cells = [w, fig.tps(got["mean_tps"]), fig.interval(got["ci95"], fig.tps)]
+        for source in ("log", "metrics"):
+            claimed = claims[source]["claimed_tps"]
+            cells += [fig.tps(claimed), f"({fig.ratio(claimed / got['mean_tps'])})"]
         assert re.search(r"^\s*" + r"\s+".join(map(re.escape, cells)), text, flags=re.MULTILINE), cells
     assert _has(flat, "Explained by metrics.server_counts_proposed: The server counts every proposed")
     assert _has(flat, "No performance change: this finding corrects how throughput is counted")
@@ -131,16 +133,18 @@ def test_the_overclaim_finding_sets_each_claim_beside_what_was_delivered(
 def test_every_raw_run_is_printed_on_its_own_row(reference_report: ReferenceReport) -> None:
     f, text = reference_report.findings, reference_report.text
     for workload in ("code", "prose"):
-        before = f["measurement"][workload]["runs"]
-        after = f["speculative"]["best"][workload]["runs"]
-        for run_before, run_after in zip(before, after, strict=True):
+        blocks = f["measurement"][workload], f["measurement"]["tuned"][workload]
+        for idx, (run_before, run_after) in enumerate(zip(blocks[0]["runs"], blocks[1]["runs"], strict=True)):
             cells = [str(run_before["index"] + 1), str(run_before["prompt_index"] + 1)]
-            for run in (run_before, run_after):
+            for block, run in zip(blocks, (run_before, run_after), strict=True):
+                # Every run here has a rate, so outlier positions are run positions.
+                slow = " *" if idx in block["ttft"]["outliers"] else ""
+                odd = " *" if idx in block["outliers"] else ""
                 cells += [
                     fig.number(run["tokens"]),
                     fig.number(run["usage_completion_tokens"]),
-                    fig.milliseconds(run["ttft_s"]),
-                    fig.tps(run["decode_tps"]),
+                    fig.milliseconds(run["ttft_s"]) + slow,
+                    fig.tps(run["decode_tps"]) + odd,
                     fig.tps(run["e2e_tps"]),
                 ]
             pattern = r"\s+".join(re.escape(c) for c in cells)
@@ -162,14 +166,20 @@ def test_flagged_outliers_and_runs_without_a_rate_are_marked_and_explained(
     second, fourth = code["runs"][1], code["runs"][3]
     assert re.search(r"^\s*1\s+1\s+37\s+abandoned\s", text, flags=re.MULTILINE)
     assert re.search(
-        r"^\s*2\s+2\s+512\s+512\s+" + re.escape(fig.milliseconds(second["ttft_s"])) + r" \*\s+"
-        + re.escape(fig.tps(second["decode_tps"])) + r"\s",
+        r"^\s*2\s+2\s+512\s+512\s+"
+        + re.escape(fig.milliseconds(second["ttft_s"]))
+        + r" \*\s+"
+        + re.escape(fig.tps(second["decode_tps"]))
+        + r"\s",
         text,
         flags=re.MULTILINE,
     )
     assert re.search(
-        r"^\s*4\s+4\s+512\s+512\s+" + re.escape(fig.milliseconds(fourth["ttft_s"])) + r"\s+"
-        + re.escape(fig.tps(fourth["decode_tps"])) + r" \*",
+        r"^\s*4\s+4\s+512\s+512\s+"
+        + re.escape(fig.milliseconds(fourth["ttft_s"]))
+        + r"\s+"
+        + re.escape(fig.tps(fourth["decode_tps"]))
+        + r" \*",
         text,
         flags=re.MULTILINE,
     )
@@ -242,10 +252,130 @@ def test_every_page_rasterizes(reference_report: ReferenceReport, tmp_path: Path
 
 def test_the_plots_are_in_the_pdf_with_their_captions(reference_report: ReferenceReport) -> None:
     flat = reference_report.flat
-    for number in range(1, 5):
+    for number in range(1, 6):
         assert _has(flat, f"Figure {number}.")
     assert _has(flat, "seconds into the stall")  # text inside the telemetry SVG
     assert reference_report.report.refused_urls == ()
+
+
+def test_the_findings_follow_their_impact_and_the_contents_number_them_so(
+    reference_report: ReferenceReport,
+) -> None:
+    flat = reference_report.flat
+    titles = {f["code"]: f["title"] for f in reference_report.findings["findings"]}
+    assert _has(flat, f"2.1 {titles['fp4.kernel_dispatch']}")
+    assert _has(flat, f"2.2 {titles['load.weights_io']}")
+    assert _has(flat, f"2.7 {titles['metrics.server_overclaim']}")
+    assert _has(flat, "Findings are in order of impact")
+
+
+def test_no_raw_keys_or_structures_reach_the_page(reference_report: ReferenceReport) -> None:
+    flat = reference_report.flat
+    for raw in (
+        "decided_by",
+        "_range",
+        "diff_tps",
+        "disk_read_mbps",
+        "{'",
+        "': ",
+        "share of canaries",
+        "Decided by",
+    ):
+        assert raw not in flat, raw
+    # The rendezvous change prints each NCCL variable once, and says whose names they are.
+    rendezvous = next(f for f in reference_report.findings["findings"] if f["code"] == "load.rendezvous")
+    for name, value in rendezvous["change"]["env"].items():
+        assert flat.count(f"+ {name}={value}") == 1, name
+        assert f"env.{name}: (unset)" not in flat
+    assert _has(flat, "The interface names above are our lab's")
+    assert _has(flat, "ip route show default") and _has(flat, "ibdev2netdev")
+
+
+def test_the_cold_start_waterfall_shows_each_signature_gone_after_its_fix(
+    reference_report: ReferenceReport,
+) -> None:
+    text, flat = reference_report.text, reference_report.flat
+    for step in reference_report.findings["cold_start"]["waterfall"]:
+        assert _has(flat, f"{fig.seconds(step['cold_start_s'])}".replace(" s", "")), step["step"]
+        assert _has(
+            flat,
+            "still seen: "
+            + (", ".join(c.removeprefix("load.").replace("_", " ") for c in step["signatures"]) or "none"),
+        )
+    assert re.search(
+        r"data-path NCCL\s+env\.NCCL_SOCKET_IFNAME: not set \u2192\s+1\s+499\s+\u221260\s+seen\s+seen\s+gone",
+        text,
+    )
+    assert _has(
+        flat, "Each fix removed its own signature: load.weights_io, load.jit_compile, load.rendezvous"
+    )
+    assert _has(flat, "was first started once to compile its kernels into the kept cache (346 s of lab time)")
+
+
+def test_the_fp4_section_sets_the_answers_side_by_side_and_the_speed_cost_against_noise(
+    reference_report: ReferenceReport,
+) -> None:
+    f, text, flat = reference_report.findings, reference_report.text, reference_report.flat
+    for before, after in zip(f["fp4"]["examples"]["before"], f["fp4"]["examples"]["after"], strict=True):
+        if "\n" in before["prompt"] or len(before["prompt"]) > 30:
+            continue
+        assert re.search(
+            re.escape(before["prompt"][:20])
+            + r".*\u2717 ?"
+            + re.escape(before["got"])
+            + r"\s+\u2713 ?"
+            + re.escape(after["got"]),
+            text,
+        ), before["id"]
+    assert _has(flat, "\u2717 " + f["fp4"]["examples"]["before"][0]["got"])
+    for workload, cost in f["fp4"]["speed_cost"].items():
+        cells = [workload, fig.tps(cost["before_tps"]), fig.tps(cost["after_tps"])]
+        assert re.search(
+            r"^\s*" + r"\s+".join(map(re.escape, cells)) + r".*within noise\s*$", text, flags=re.MULTILINE
+        ), workload
+    assert _has(flat, "correct output costs no measurable speed")
+
+
+def test_the_speculative_section_gives_the_deployed_setting_in_the_customer_s_syntax(
+    reference_report: ReferenceReport,
+) -> None:
+    spec, flat = reference_report.findings["speculative"], reference_report.flat
+    assert _has(flat, "Your launch command has: " + spec["customer_launch_syntax"])
+    assert _has(flat, "Replace it with: " + spec["deployed"]["launch_syntax"])
+    assert _has(
+        flat,
+        f"{fig.percent(spec['lab_time_vs_sweep'])} of the {fig.hours(spec['sweep_estimate_s'])} "
+        "an exhaustive sweep of all 33 settings",
+    )
+    assert _has(flat, f"we deploy eagle3, k = 2: {fig.tps(spec['deployed']['mix_tps'])} tok/s over the mix")
+    assert _has(flat, "eagle3, k = 1 not confirmed: lab-time budget")
+    assert _has(flat, "diamonds are confirmation runs")
+
+
+def test_the_appendices_carry_the_tuned_configuration_the_lab_time_and_the_bound(
+    reference_report: ReferenceReport,
+) -> None:
+    f, text, flat = reference_report.findings, reference_report.text, reference_report.flat
+    for line in f["tuned"]["command"].splitlines():
+        if line.startswith("  --"):
+            assert _has(flat, line), line
+    for line in f["tuned"]["diff"].splitlines():
+        if line.startswith(("+ ", "- ")) or line.startswith(("+  ", "-  ")):
+            assert squash(line) in flat, line
+    assert _has(flat, "speculative.num_speculative_tokens 4 2 2.4, 2.6")
+    job = f["job"]
+    for stage in job["stages"]:
+        assert _has(flat, fig.seconds(stage["lab_seconds"])), stage["name"]
+    total = [fig.minutes(job["lab_time_s"]), fig.seconds(job["lab_time_s"]), "100 %"]
+    assert re.search(r"The whole day\s+" + r"\s+".join(map(re.escape, total)), text)
+    bound = f["measurement"]["roofline"]["tuned"]["code"]
+    assert _has(flat, fig.tps(bound["bound_tps"]))
+    assert _has(flat, "(specifications: 128 GB LPDDR5x unified memory, 273 GB/s)")
+    assert _has(
+        flat,
+        "Formula: bound = tensor-parallel group × memory bandwidth per GPU / weights read per token × "
+        "tokens per step.",
+    )
 
 
 def test_a_report_is_the_same_version_and_bytes_when_rendered_again(tmp_path: Path) -> None:
@@ -318,18 +448,30 @@ def test_the_job_moving_on_after_the_report_keeps_the_version() -> None:
 
 
 def test_a_lab_warning_reads_as_a_warning_and_a_blocking_lab_finding_as_ours(tmp_path: Path) -> None:
-    warning = {"code": "lab.link_speed", "title": "spark-04's data link runs at 25 Gbps", "evidence": {},
-               "change": {}, "impact": None, "blocking": False}
+    warning = {
+        "code": "lab.link_speed",
+        "title": "spark-04's data link runs at 25 Gbps",
+        "evidence": {},
+        "change": {},
+        "impact": None,
+        "blocking": False,
+    }
     document = minimal_findings()
     document["findings"].append(warning)
-    flat = squash(pdf_text(render(document, tmp_path / "w", customer=CUSTOMER, as_of=ISSUED).pdf_path,
-                           layout=False))
+    flat = squash(
+        pdf_text(render(document, tmp_path / "w", customer=CUSTOMER, as_of=ISSUED).pdf_path, layout=False)
+    )
     assert _has(flat, "It did not stop your configuration from being reproduced")
     assert "could not reproduce the configuration (lab." not in flat
-    document["findings"][-1] = {**warning, "code": "lab.node_unreachable", "blocking": True,
-                                "title": "spark-05 refused SSH"}
-    flat = squash(pdf_text(render(document, tmp_path / "b", customer=CUSTOMER, as_of=ISSUED).pdf_path,
-                           layout=False))
+    document["findings"][-1] = {
+        **warning,
+        "code": "lab.node_unreachable",
+        "blocking": True,
+        "title": "spark-05 refused SSH",
+    }
+    flat = squash(
+        pdf_text(render(document, tmp_path / "b", customer=CUSTOMER, as_of=ISSUED).pdf_path, layout=False)
+    )
     assert _has(flat, "Our lab could not reproduce the configuration (lab.node_unreachable).")
 
 

@@ -39,5 +39,6 @@ def test_without_a_verdict_after_the_fp4_section_gives_the_pass_rate_and_no_verd
     del findings["fp4"]["verdict_after"]
     findings["fp4"]["canary_pass_rate"]["after"] = 0.7
     (text, *_) = (b.text for b in fp4_section(findings["fp4"], "3.2").blocks)
-    assert text.endswith("With the cutlass backend, 70 % of 42 canary prompts were answered correctly.")
+    total = findings["fp4"]["canaries"]
+    assert text.endswith(f"With the cutlass backend, 70 % of {total} canary prompts were answered correctly.")
     assert not any(word in text.split("With the cutlass backend")[1] for word in ("garbage", "degraded"))

@@ -260,6 +260,13 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
             "shortfall": round(1.0 - rate / top, 4),
             "measured_tps": block.get("mean_tps"),
         }
+    # The spread of confirmation runs: the scenario's run noise is 3 %; what the timing of
+    # short runs on a loaded machine adds shows here.
+    spreads = [
+        statistics.stdev(row["samples"]) / statistics.fmean(row["samples"])
+        for row in section["trials"]
+        if row["phase"] == "confirm" and len(row.get("samples") or []) >= 2
+    ]
     deployed: Setting = (section["chosen"]["method"], int(section["chosen"]["k"]))
     mix_best = max(physics.space(), key=physics.mix_rate)
     return {
@@ -278,6 +285,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         "findings": [f["code"] for f in result["findings"]],
         "changes": [c["path"] for c in result["config_changes"]],
         "trials": len(trials),
+        "confirm_cv": round(statistics.fmean(spreads), 4) if spreads else None,
         "confirm_max_tokens": protocol["confirm"]["max_tokens"],
         "not_confirmed": len(section["not_confirmed"]),
         "lab_time_s": section["lab_time_s"],
@@ -296,7 +304,9 @@ def show(row: dict[str, Any]) -> str:
     return (
         f"{row['kind']:<8} seed {row['seed']:2d} {row['family']:<12} from {row['customer'][0]}/"
         f"{row['customer'][1]}: {best}  deployed {row['deployed'][0]}/{row['deployed'][1]}  "
-        f"findings {len(row['findings'])}  trials {row['trials']:2d}  lab {row['lab_time_s']:6.0f} s "
+        f"findings {len(row['findings'])}  trials {row['trials']:2d}  "
+        f"cv {100 * (row['confirm_cv'] or 0):.1f} %  "
+        f"lab {row['lab_time_s']:6.0f} s "
         f"(formula {row['formula_lab_s']:6.0f})  wall {row['wall_s']:5.1f} s"
     )
 
@@ -344,6 +354,11 @@ def summarise(rows: list[dict[str, Any]], dilation: float, wall_s: float) -> dic
     full = sum(r["confirm_max_tokens"] >= 512 for r in rows)
     print(f"confirmations at 512 tokens a run: {full}/{len(rows)} runs (the rest at 256); runner-ups "
           f"left unconfirmed for the budget: {sum(r['not_confirmed'] for r in rows)}")
+    cvs = [r["confirm_cv"] for r in rows if r["confirm_cv"] is not None]
+    if cvs:
+        print(f"spread of confirmation runs (coefficient of variation): mean "
+              f"{100 * statistics.fmean(cvs):.1f} %, "
+              f"max {100 * max(cvs):.1f} % (the scenario's run noise alone: 3.0 %)")
 
     print("\n== 3. already-optimal configurations: findings or changes (target 0)")
     false = [r for r in optimal if r["findings"] or r["changes"]]

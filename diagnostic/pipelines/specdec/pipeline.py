@@ -31,7 +31,14 @@ from diagnostic.pipelines.specdec.decide import (
     confirmed_summary,
     decide_workload,
 )
-from diagnostic.pipelines.specdec.search import NO_SPECULATION, NONE, KSearch, Setting, search_k
+from diagnostic.pipelines.specdec.search import (
+    MAX_TRIALS_PER_METHOD,
+    NO_SPECULATION,
+    NONE,
+    KSearch,
+    Setting,
+    search_k,
+)
 from lab.config import MAX_SPEC_TOKENS
 
 if TYPE_CHECKING:
@@ -463,10 +470,13 @@ def run_specdec(
             f"draft catalog {catalog.version} ({catalog_drafts[0].source})",
         )
     mtp_heads = model_mtp_heads(session)
+    # Searched in this order within each round: heads or a draft trained for the model
+    # before n-gram, which needs neither and is rarely the fastest; a refused method costs
+    # one restart.
     methods = ["eagle3"] if draft else []
-    methods.append("ngram")
     if (mtp_heads or 0) > 0 or customer.method == "mtp":
         methods.append("mtp")
+    methods.append("ngram")
     space_note = {
         "eagle3": f"draft {draft} from {draft_source}"
         if draft
@@ -506,6 +516,8 @@ def run_specdec(
         )
 
     def afford(setting: Setting) -> bool:
+        if setting in run.screened or setting in run.confirmed_rows:
+            return True  # measured already: asking again costs nothing
         return run.afford(setting, run.screen_protocol, confirm_reserve())
 
     # 1. The customer's setting and no speculation are in every decision, so they are
@@ -516,28 +528,50 @@ def run_specdec(
     if customer != NO_SPECULATION:
         progress(5.0, "confirming no speculation")
         run.confirm(NO_SPECULATION, None)
-    # 2. Screening: each method's k-search.
-    searches: list[KSearch] = []
+    # 2. Screening: the methods' k-searches, interleaved. Every method first screens its
+    #    seed lengths; then each takes one refinement trial in turn, so that the method
+    #    searched last is not the one the budget starves. A search resumed with one more
+    #    trial allowed replays its measured lengths from the cache (no restart) and takes
+    #    the next one; it is finished when it stops for any reason but that allowance.
+    def screen_one(setting: Setting) -> Mapping[str, float] | None:
+        return run.screen(setting, spec_for(setting))
+
+    def leaders() -> dict[str, float]:
+        return {w: max((r[w] for r in run.costs.rates.values() if r.get(w)), default=0.0) for w in workloads}
+
+    seeds: dict[str, set[int]] = {}
     for method in methods:
-        seeds = {1, 2}
+        seeds[method] = {1, 2}
         if method == customer.method:
-            seeds.add(customer.k)
+            seeds[method].add(customer.k)
         if method == "eagle3":
-            seeds.add(DEFAULT_K)
-
-        def screen_one(setting: Setting) -> Mapping[str, float] | None:
-            return run.screen(setting, spec_for(setting))
-
-        def leaders() -> dict[str, float]:
-            return {
-                w: max((r[w] for r in run.costs.rates.values() if r.get(w)), default=0.0) for w in workloads
-            }
-
-        found = search_k(
-            method, workloads, screen_one, k_max=k_max, seeds=seeds, afford=afford, leaders=leaders
-        )
-        searches.append(found)
-        log(f"specdec: {method} search: measured k = {found.order}, refused {found.refused}; {found.stopped}")
+            seeds[method].add(DEFAULT_K)
+    found_by: dict[str, KSearch] = {}
+    allowed = {m: len(seeds[m]) for m in methods}
+    active = list(methods)
+    while active:
+        for method in list(active):
+            found = search_k(
+                method,
+                workloads,
+                screen_one,
+                k_max=k_max,
+                seeds=seeds[method],
+                afford=afford,
+                leaders=leaders,
+                max_trials=min(allowed[method], MAX_TRIALS_PER_METHOD),
+            )
+            found_by[method] = found
+            limited = found.stopped.startswith("trial limit")
+            if limited and allowed[method] < MAX_TRIALS_PER_METHOD:
+                allowed[method] = len(found.order) + len(found.refused) + 1
+                continue
+            active.remove(method)
+            log(
+                f"specdec: {method} search: measured k = {found.order}, refused {found.refused}; "
+                f"{found.stopped}"
+            )
+    searches = [found_by[m] for m in methods]
 
     # 3. Finalists: each workload's best screened setting (the customer's and no
     #    speculation are confirmed already); then each workload's runner-up, while the

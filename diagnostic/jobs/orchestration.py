@@ -395,8 +395,9 @@ def _run_claimed(
 def _watchdog(
     time_limit: TimeLimit | None, cancel: threading.Event, timed_out: threading.Event
 ) -> threading.Timer | None:
-    """A timer that stops the stage (through its cancel event, which `check_cancelled` and
-    the session's long waits look at) when the run's time limit is reached."""
+    """A timer that stops the stage when the run's time limit is reached, through its
+    cancel event: the stage stops at its next `check_cancelled`, so a lab call already
+    under way (a launch has its own timeout) finishes first."""
     if time_limit is None:
         return None
 

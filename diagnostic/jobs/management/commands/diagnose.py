@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -46,6 +45,7 @@ from lab.inventory import InventoryError, load_inventory
 from lab.session import LabError
 from lab.sim.lab import SimLab
 from lab.sim.scenario import ScenarioError, load_scenario
+from reports.report import write_atomically
 
 CONFIG_MAX_BYTES = 1024 * 1024
 # A YAML configuration starts with `key:`; anything else is taken as a launch command.
@@ -214,14 +214,14 @@ class Command(BaseCommand):
         job.refresh_from_db()
         document = job.findings or build_findings(job)
         validate_findings(document)
-        path = out / "findings.json"
-        path.write_text(json.dumps(document, indent=2) + "\n")
+        # Written whole or not at all (a full disk leaves the previous file, not half of one).
+        path = write_atomically(out / "findings.json", (json.dumps(document, indent=2) + "\n").encode())
         succeeded = job.stage_runs.filter(name="report", status="succeeded")
         report = succeeded.values_list("result", flat=True).first()
         if isinstance(report, dict):
             for key, name in (("report_pdf", "report.pdf"), ("email_eml", "email.eml")):
                 if report.get(key) and Path(report[key]).is_file():
-                    shutil.copyfile(report[key], out / name)
+                    write_atomically(out / name, Path(report[key]).read_bytes())
                     self.stdout.write(f"wrote {out / name}")
         if document.get("tuned"):
             for written in write_tuned_files(document["tuned"], out):

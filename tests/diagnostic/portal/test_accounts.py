@@ -133,3 +133,19 @@ def test_password_reset_sends_a_working_link() -> None:
     )
     assert done.status_code == 302
     assert User.objects.get(username="carol@example.com").check_password("brand new passphrase 9")
+
+
+def test_an_address_guessing_many_accounts_is_locked_too(settings: Any) -> None:
+    link = path_of(invite())
+    Client().post(link, {"password1": PASSWORD, "password2": PASSWORD})
+    guesser = Client(REMOTE_ADDR="203.0.113.50")
+    for n in range(settings.AXES_FAILURE_LIMIT):
+        guesser.post("/accounts/login/", {"username": f"someone{n}@example.com", "password": "wrong"})
+    # Right account, right password, from the address that was guessing: still refused.
+    locked = guesser.post("/accounts/login/", {"username": "carol@example.com", "password": PASSWORD})
+    assert locked.status_code == 429
+    # The account itself is not locked: from elsewhere it signs in.
+    fine = Client(REMOTE_ADDR="198.51.100.8").post(
+        "/accounts/login/", {"username": "carol@example.com", "password": PASSWORD}
+    )
+    assert fine.status_code == 302

@@ -15,6 +15,7 @@ import logging
 from celery import Task, shared_task
 from celery.exceptions import Reject
 from django.conf import settings
+from django.db import transaction
 
 from diagnostic.jobs import leases
 from diagnostic.jobs.faults import BROKER_ERRORS, DATABASE_CONNECTION_ERRORS, reset_connection
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 # How long publishing the next step keeps trying a broker that is away (a restart takes
 # seconds: about 40 s here); after that the job is left to the reaper.
 PUBLISH_RETRY_POLICY = {"max_retries": 10, "interval_start": 0.5, "interval_step": 1.0, "interval_max": 5.0}
+# A submission waits less for the broker than a worker does: someone is waiting on it.
+SUBMIT_RETRY_POLICY = {"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
 # The wait before a delivery that found the database away tries again.
 DATABASE_RETRY_COUNTDOWN_S = 5.0
 
@@ -101,5 +104,20 @@ def reap_expired_leases() -> list[str]:
 
 
 def enqueue_job(job: DiagnosticJob) -> None:
-    """Hand the job to the workers once the transaction that created it commits."""
-    run_diagnostic.delay_on_commit(str(job.pk))
+    """Hand the job to the workers once the transaction that created it commits. A broker
+    that is down does not undo the submission: the job stays queued and the reaper
+    enqueues it once it is DIAG_QUEUED_REQUEUE_S old and the broker answers."""
+    job_id = str(job.pk)
+
+    def publish() -> None:
+        if settings.CELERY_TASK_ALWAYS_EAGER:
+            run_diagnostic.delay(job_id)
+            return
+        try:
+            run_diagnostic.apply_async((job_id,), retry=True, retry_policy=SUBMIT_RETRY_POLICY)
+        except BROKER_ERRORS as exc:
+            log.error("could not enqueue the new job; the reaper will",
+                      extra={"job": job_id, "after_s": settings.DIAG_QUEUED_REQUEUE_S,
+                             "error": f"{type(exc).__name__}: {exc}"})
+
+    transaction.on_commit(publish)

@@ -523,7 +523,7 @@ def _submit(stages: str, inventory: str | None = None) -> None:
         )
     job = create_job(config=config, lab=lab, stages=stages.split(","))
     print(job.pk, flush=True)
-    enqueue_job(job)  # outside a transaction: publishes now, and raises if the broker is down
+    enqueue_job(job)  # outside a transaction: publishes now (a broker that is down is logged)
 
 
 def _inspect(job_id: str) -> None:

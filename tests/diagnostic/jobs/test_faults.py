@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import httpx
 import kombu.exceptions
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import IntegrityError, OperationalError
+from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
 from diagnostic.jobs import faults, leases, tasks
@@ -331,6 +332,28 @@ def test_a_queued_job_waiting_for_a_busy_lab_is_left_to_its_own_retry(make_job: 
     assert leases.lost_queued_jobs(older_than_s=300) == []
     leases.release_lab(holder)
     assert leases.lost_queued_jobs(older_than_s=300) == [str(waiting.pk)]
+
+
+@pytest.mark.django_db(transaction=True)  # the publish waits for the commit
+def test_a_submission_with_the_broker_down_is_kept_queued_for_the_reaper(
+    make_job: MakeJob, settings: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+
+    def broker_down(*args: Any, **kwargs: Any) -> None:
+        raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(tasks.run_diagnostic, "apply_async", broker_down)
+    logging.getLogger("diagnostic.jobs.tasks").addHandler(caplog.handler)
+    try:
+        with transaction.atomic():
+            job = make_job(["report"])
+            tasks.enqueue_job(job)
+    finally:
+        logging.getLogger("diagnostic.jobs.tasks").removeHandler(caplog.handler)
+    job.refresh_from_db()
+    assert job.status == "queued"
+    assert "could not enqueue the new job; the reaper will" in caplog.text
 
 
 # -------------------------------------------------------------------- the time limit

@@ -1,10 +1,11 @@
 """Render time of the full written report: findings.json to report.pdf, measured.
 
-Renders the reference-story findings (the report tests' fixture: every section, 15
-pages) and, when `make demo` has run, the demo's own out/demo/findings.json, several
-times each (or only `--findings FILE`), and prints wall time per phase and the CPU time
-of this process plus the rendering child. CPU time is printed because this
-machine is shared: wall time grows with other people's load, CPU time much less.
+Renders the reference day's findings (the report tests' fixture,
+tests/reports/reference_day.json: a real findings.json with every section, 22 pages)
+and, when `make demo` has run, the demo's own out/demo/findings.json, several times
+each (or only `--findings FILE`), and prints wall time per phase and the CPU time of
+this process plus the rendering child. CPU time is printed because this machine is
+shared: wall time grows with other people's load, CPU time much less.
 The target is a full report in under 5 s of wall time on an idle two-core machine.
 
     .venv/bin/python benchmarks/bench_report.py [--findings FILE] [--repeat 3] [--out DIR]
@@ -43,7 +44,7 @@ def _documents(path: Path | None) -> list[tuple[str, dict[str, Any]]]:
         return [(str(path), dict(json.loads(path.read_text())))]
     from tests.reports.reference_story import reference_findings
 
-    documents = [("full-story fixture", reference_findings())]
+    documents = [("reference day", reference_findings())]
     if DEMO_FINDINGS.exists():
         documents.append((str(DEMO_FINDINGS.relative_to(ROOT)), dict(json.loads(DEMO_FINDINGS.read_text()))))
     return documents

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reports import figures as fig
-from reports.findings import ORDER_NOTE, build_finding, by_impact
+from reports.findings import ORDER_NOTE, build_finding, by_impact, impact_sources
 from reports.moneyback import MoneyBackDecision, impacts_of
 from reports.sections.appendices import (
     lab_time_appendix,
@@ -488,6 +488,7 @@ def build_report(
     described = cause_descriptions(findings.get("measurement"))
     fp4 = findings.get("fp4")
     speed_cost = fp4.get("speed_cost") if isinstance(fp4, Mapping) else None
+    sources = impact_sources(findings)
     finding_sections = [
         build_finding(
             i,
@@ -495,6 +496,7 @@ def build_report(
             stage_titles,
             described_causes=described,
             speed_cost=speed_cost if isinstance(speed_cost, Mapping) else None,
+            impact_sources=sources,
         )
         for i, f in enumerate(found, start=1)
     ]

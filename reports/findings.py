@@ -519,6 +519,43 @@ def why_it_matters(code: str, blocking: bool) -> str:
     return WHY.get(code) or GENERIC_WHY
 
 
+def impact_sources(findings: Mapping[str, Any]) -> dict[str, str]:
+    """{code prefix: how that stage measured its findings' impacts}, said under the table
+    where its figures differ from the summary's (a cold start measured once, with its fix
+    alone; a speculative setting by the search's own runs)."""
+    sources: dict[str, str] = {}
+    cold = findings.get("cold_start")
+    waterfall = cold.get("waterfall") if isinstance(cold, Mapping) else None
+    alone = [w for w in waterfall or [] if isinstance(w, Mapping) and w.get("mode") == "alone"]
+    if alone:
+        runs = {str(w.get("n")) for w in alone}
+        once = runs == {"1"}
+        sources["load."] = (
+            "Measured as "
+            + ("one true cold start" if once else "true cold starts")
+            + " of your configuration with this fix alone (the waterfall in section 3.1)"
+            + (
+                "; a single start gives no interval, the waterfall shows each signature gone."
+                if once
+                else "."
+            )
+        )
+    spec = findings.get("speculative")
+    confirm = ((spec.get("protocol") or {}).get("confirm") or {}) if isinstance(spec, Mapping) else {}
+    if confirm.get("n"):
+        text = (
+            f"Measured by the search's confirmation runs of this setting alone ({confirm['n']} runs of "
+            f"{confirm.get('max_tokens', '?')} tokens)"
+        )
+        tuned = (findings.get("measurement") or {}).get("tuned")
+        sources["specdec."] = text + (
+            "; section 3.4 measures the tuned configuration, every change together, with the full protocol."
+            if tuned
+            else "."
+        )
+    return sources
+
+
 def build_finding(
     index: int,
     finding: Mapping[str, Any],
@@ -526,6 +563,7 @@ def build_finding(
     *,
     described_causes: Mapping[str, str],
     speed_cost: Mapping[str, Any] | None = None,
+    impact_sources: Mapping[str, str] | None = None,
 ) -> FindingSection:
     """One finding, whatever its code: what we saw, why it matters, the change, its effect.
 
@@ -580,4 +618,9 @@ def build_finding(
         impacts=impacts,
         impact_note=impact_note,
         see_also=see_also,
+        impact_source=next(
+            (text for prefix, text in (impact_sources or {}).items() if code.startswith(prefix)), ""
+        )
+        if impacts
+        else "",
     )

@@ -199,7 +199,7 @@ def cold_start_waterfall(steps: Sequence[WaterfallStep], *, scope: str) -> str:
         ax.set_yticks(range(len(steps)), [s.label for s in steps])
         ax.set_ylim(len(steps) - 0.5, -0.5)
         ax.tick_params(axis="y", length=0)
-        ax.set_xlim(0, longest * 1.22)
+        ax.set_xlim(0, longest * 1.32)
         ax.set_xlabel("true cold start, minutes (lab time)")
         return _svg_text(fig, scope)
 

@@ -36,7 +36,8 @@ class Row:
 
 @dataclass(frozen=True)
 class SummaryRow:
-    """One measure before and after; each figure may carry a second, smaller line."""
+    """One measure before and after; each figure may carry a second, smaller line, and a
+    third for how close it comes to the hardware's bound (or whether a change is noise)."""
 
     label: str
     before: str
@@ -46,6 +47,9 @@ class SummaryRow:
     before_sub: str = ""
     after_sub: str = ""
     change_sub: str = ""
+    before_third: str = ""
+    after_third: str = ""
+    change_third: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class Impact:
 class Block:
     """One piece of a section: a paragraph, a table, a plot or a list of labelled values."""
 
-    kind: str  # "paragraph" | "table" | "plot" | "rows" | "heading"
+    kind: str  # "paragraph" | "table" | "plot" | "rows" | "heading" | "code" (preformatted) | "diff"
     text: str = ""
     caption: str = ""
     columns: Sequence[str] = ()
@@ -94,6 +98,7 @@ class Block:
     number: int = 0
     compact: bool = False
     groups: Sequence[tuple[str, int]] = ()  # a header row above the columns: (title, columns spanned)
+    wrap: bool = False  # a table of text (prompts, answers): its cells wrap instead of staying on one line
 
     @property
     def head(self) -> list[tuple[str, bool]]:
@@ -124,6 +129,7 @@ class FindingSection:
     impacts: list[Impact]
     impact_note: str
     see_also: tuple[str, str] | None
+    impact_source: str = ""  # how the impact was measured, when the table alone does not say
 
 
 @dataclass(frozen=True)
@@ -169,11 +175,18 @@ class ReportContent:
     stages: list[StageSection]
     appendices: list[StageSection]
     notices: list[str] = field(default_factory=list)
+    summary_notes: list[str] = field(default_factory=list)
+    findings_order: str = ""
 
     @property
     def any_change(self) -> bool:
         """Whether any summary row has a measured change (the table note explains those)."""
         return any(row.change for row in self.summary)
+
+    @property
+    def any_bound(self) -> bool:
+        """Whether any summary figure is set against the hardware's bound."""
+        return any(row.before_third or row.after_third for row in self.summary)
 
     @property
     def audit_number(self) -> str:
@@ -243,7 +256,7 @@ def value_text(key: str, value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping):
-        return "; ".join(f"{k}: {value_text(str(k), v)}" for k, v in value.items())
+        return mapping_text(value)
     if isinstance(value, Sequence):
         items = list(value)
         if len(items) > 6 and all(as_number(v) is not None for v in items):
@@ -252,6 +265,41 @@ def value_text(key: str, value: Any) -> str:
             return f"{len(nums)} values, {fmt(min(nums))} to {fmt(max(nums))}"
         return ", ".join(value_text(key, v) for v in items)
     return str(value)
+
+
+def p_value(p: float) -> str:
+    """A p-value as people read it: `p = 0.00084`, `p < 0.0001`."""
+    return "p < 0.0001" if p < 0.0001 else f"p = {p:.2g}"
+
+
+def comparison_text(value: Mapping[str, Any]) -> str:
+    """A pipeline's comparison of two rates ({diff_tps, ci95, p, alpha, significant}) in words."""
+    parts = [fig.signed(float(value["diff_tps"]), fig.tps) + " tok/s"]
+    ci = as_interval(value.get("ci95"))
+    if ci:
+        parts.append(f"95 % interval {fig.signed_interval(ci, fig.tps)}")
+    p = as_number(value.get("p"))
+    if p is not None:
+        parts.append(p_value(p))
+    if isinstance(value.get("significant"), bool):
+        alpha = as_number(value.get("alpha"))
+        at = f" at the {fig.percent(round(alpha, 3))} level" if alpha is not None else ""
+        parts.append(("significant" if value["significant"] else "within noise, not significant") + at)
+    return ", ".join(parts)
+
+
+def mapping_text(value: Mapping[str, Any]) -> str:
+    """A nested findings value in words: a setting, a comparison, or labelled parts."""
+    if "method" in value and "k" in value and len(value) <= 3:
+        return setting_label(value.get("method"), value.get("k"))
+    if as_number(value.get("diff_tps")) is not None:
+        return comparison_text(value)
+    return ", ".join(f"{_lowered(humanize(str(k)))} {value_text(str(k), v)}" for k, v in value.items())
+
+
+def _lowered(label: str) -> str:
+    """A label inside a sentence: its first letter small unless it begins an acronym."""
+    return label if label[1:2].isupper() else label[:1].lower() + label[1:]
 
 
 def workloads_in(*sections: Any) -> list[str]:

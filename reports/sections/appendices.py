@@ -298,6 +298,15 @@ def tuned_configuration_appendix(
     if command:
         blocks.append(Block("heading", "Launch command"))
         blocks.append(Block("code", str(command).rstrip()))
+        rendezvous = finding_numbers.get("load.rendezvous")
+        if "NCCL_" in str(command) and rendezvous:
+            blocks.append(
+                Block(
+                    "paragraph",
+                    f"The NCCL interface names are our lab's; section {rendezvous} says how to find your "
+                    "nodes' own.",
+                )
+            )
     config = tuned.get("config")
     if isinstance(config, Mapping) and config:
         blocks.append(Block("heading", "Configuration file"))

@@ -150,6 +150,8 @@ def waterfall_blocks(
             blocks.append(plot)
     rows = []
     any_ci = any(as_interval(step.get("ci95")) for step in waterfall)
+    first = next((w for w in waterfall if w.get("mode") == "baseline"), waterfall[0])
+    shown_first = {str(c) for c in first.get("signatures") or []}
     for step in waterfall:
         value = as_number(step.get("cold_start_s"))
         delta = as_number(step.get("delta_s"))
@@ -157,7 +159,10 @@ def waterfall_blocks(
             delta = value - baseline
         delta_ci = as_interval(step.get("delta_ci95"))
         seen = {str(c) for c in step.get("signatures") or []}
-        change = _change_text(step.get("changes")) or "none: your configuration"
+        if step.get("mode") == "all":
+            change = "every change above, together"
+        else:
+            change = _change_text(step.get("changes")) or "none: your configuration"
         row = [
             str(step.get("step", "")),
             change,
@@ -171,7 +176,8 @@ def waterfall_blocks(
             (fig.signed(delta, fig.seconds_bare) if delta is not None else "")
             + (f"\n{fig.signed_interval(delta_ci, fig.seconds_bare)}" if delta_ci else "")
         )
-        row += ["seen" if c in seen else "gone" for c in causes]
+        # "Gone" only for a signature your own start showed; one it never showed is "not seen".
+        row += ["seen" if c in seen else "gone" if c in shown_first else "not seen" for c in causes]
         rows.append(row)
     columns = [
         "Step",

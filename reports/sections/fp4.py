@@ -29,6 +29,7 @@ def fp4_section(fp4: Any, number: str) -> StageSection:
     if as_number(rates.get("before")) is not None:
         total = f" of {fp4['canaries']}" if fp4.get("canaries") else ""
         text += f", and {fig.percent(rates['before'])}{total} canary prompts were answered correctly"
+        text += _canary_interval(fp4, "before")
     text += "."
     if fp4.get("backend_after"):
         # The verdict after the change is the FP4 pipeline's; without one, the pass rate alone.
@@ -42,7 +43,9 @@ def fp4_section(fp4: Any, number: str) -> StageSection:
         else:
             text += f" With the {fp4['backend_after']} backend the output is {verdict_after or 'unchecked'}"
             if as_number(rates.get("after")) is not None:
-                text += f" ({fig.percent(rates['after'])} of canaries)"
+                after_total = fp4.get("canaries_after") or fp4.get("canaries")
+                of = f" of {after_total}" if after_total else ""
+                text += f" ({fig.percent(rates['after'])}{of} canaries{_canary_interval(fp4, 'after')})"
         text += "."
     blocks.append(Block("paragraph", text))
     backends = [b for b in fp4.get("backends") or [] if isinstance(b, Mapping)]
@@ -114,6 +117,14 @@ def fp4_section(fp4: Any, number: str) -> StageSection:
     blocks.extend(speed_cost_blocks(fp4))
     blocks.extend(example_blocks(fp4))
     return StageSection("fp4", number, title, True, blocks)
+
+
+def _canary_interval(fp4: Mapping[str, Any], side: str) -> str:
+    """`, 95 % interval 0–8.8 %` for a pass rate the pipeline gave an interval (`canary_ci95`)."""
+    ci = as_interval((fp4.get("canary_ci95") or {}).get(side))
+    if ci is None:
+        return ""
+    return f", 95 % interval {fig.percent(ci[0]).removesuffix(' %')}{fig.DASH}{fig.percent(ci[1])}"
 
 
 def speed_cost_blocks(fp4: Mapping[str, Any]) -> list[Block]:

@@ -30,7 +30,12 @@ def test_the_reconciliation_says_when_it_has_no_words_for_a_cause(findings: dict
 def test_the_fp4_section_prints_the_pipeline_s_verdict_after(findings: dict[str, Any]) -> None:
     findings["fp4"]["verdict_after"] = "degraded"
     (text, *_) = (b.text for b in fp4_section(findings["fp4"], "3.2").blocks)
-    assert text.endswith("With the cutlass backend the output is degraded (100 % of canaries).")
+    lo = findings["fp4"]["canary_ci95"]["after"][0]
+    assert text.endswith(
+        f"With the cutlass backend the output is degraded (100 % of 80 canaries, 95 % interval "
+        f"{lo * 100:.1f}\u2013100 %)."
+    )
+    assert "0 % of 40 canary prompts were answered correctly, 95 % interval 0\u20138.8 %." in text
 
 
 def test_without_a_verdict_after_the_fp4_section_gives_the_pass_rate_and_no_verdict(

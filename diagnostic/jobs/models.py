@@ -51,6 +51,9 @@ class DiagnosticJob(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     status_message = models.TextField(blank=True)
     seed = models.PositiveIntegerField(default=0)
+    # Lab seconds the whole day may spend (None: settings.DIAG_DAY_BUDGET_LAB_S); the
+    # stages share what is left (diagnostic/jobs/budget.py) and say what they left untried.
+    budget_lab_s = models.FloatField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

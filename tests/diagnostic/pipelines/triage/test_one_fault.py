@@ -16,9 +16,10 @@ WEIGHTS_GB = 597 / 8
 MMAP_S, EAGER_S = WEIGHTS_GB / 0.33, WEIGHTS_GB / 6.0
 FIXED_S = 20 + EAGER_S + 8 + 10 + 15 + 75 + 5
 COST_S = {"load.weights_io": MMAP_S - EAGER_S, "load.jit_compile": 150 - 10, "load.rendezvous": 60}
-# The session measures at ~8 lab s resolution at this dilation, and the ranks of one
-# launch start a few lab seconds apart.
-TOLERANCE_S = 20.0
+# The session measures at ~8 lab s resolution at this dilation, the ranks of one launch
+# start a few lab seconds apart, and on a starved CPU a tenth of a wall second late is 40
+# lab s: well below the least a fault costs here (60 s).
+TOLERANCE_S = 30.0
 
 
 @pytest.mark.parametrize("fault", FAULTS)

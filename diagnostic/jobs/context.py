@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from diagnostic.jobs.budget import stage_budget_lab_s
 from diagnostic.jobs.faults import DATABASE_CONNECTION_ERRORS, reset_connection
 from diagnostic.jobs.labaccess import LabAccess
 from diagnostic.jobs.models import DiagnosticJob, StageRun
@@ -117,6 +118,11 @@ class StageContext:
             if isinstance(result, dict):
                 changes.extend(c for c in result.get("config_changes") or [] if isinstance(c, dict))
         return changes
+
+    @property
+    def budget_lab_s(self) -> float:
+        """Lab seconds this stage may spend (the day's budget, shared: jobs/budget.py)."""
+        return stage_budget_lab_s(self.job, self.stage)
 
     @property
     def seed(self) -> int:

@@ -118,12 +118,15 @@ def create_job(
     seed: int = 0,
     booking: Booking | None = None,
     created_by: Any = None,
+    budget_lab_s: float | None = None,
 ) -> DiagnosticJob:
-    """A queued job with one pending StageRun per selected stage (all by default)."""
+    """A queued job with one pending StageRun per selected stage (all by default).
+    `budget_lab_s`: lab seconds the whole day may spend (default: the setting)."""
     plan = select_stages(stages)
     with transaction.atomic():
         job = DiagnosticJob.objects.create(
-            config=config, lab=lab, seed=seed, booking=booking, created_by=created_by
+            config=config, lab=lab, seed=seed, booking=booking, created_by=created_by,
+            budget_lab_s=budget_lab_s,
         )
         StageRun.objects.bulk_create(
             StageRun(job=job, name=stage.name, order=index) for index, stage in enumerate(plan)

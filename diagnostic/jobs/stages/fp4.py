@@ -20,6 +20,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         log=ctx.log,
         progress=ctx.progress,
         check_cancelled=ctx.check_cancelled,
+        budget_lab_s=ctx.budget_lab_s,
     )
     for finding in result["findings"]:
         ctx.add_finding(

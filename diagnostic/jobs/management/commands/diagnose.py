@@ -2,7 +2,7 @@
 DIR/findings.json.
 
     python manage.py diagnose --config FILE --lab sim:SCENARIO.yaml --out DIR
-        [--stages a,b] [--seed N] [--queue] [--time-limit-s S]
+        [--stages a,b] [--seed N] [--queue] [--time-limit-s S] [--budget-lab-s S]
 
 `--lab sim:FILE` starts the simulated lab for the run and stops it afterwards;
 `--lab inventory:FILE` uses a real (or separately served) lab. Without `--queue` the
@@ -73,6 +73,9 @@ class Command(BaseCommand):
         parser.add_argument("--out", required=True, type=Path, help="directory for findings.json")
         parser.add_argument("--stages", help="comma-separated stages to run (default: all)")
         parser.add_argument("--seed", type=int, default=0, help="seed for the pipelines' sampling")
+        parser.add_argument("--budget-lab-s", type=float, default=None,
+                            help="lab seconds the whole day may spend (default DIAG_DAY_BUDGET_LAB_S); "
+                                 "stages stop early and say what they did not try")
         parser.add_argument("--queue", action="store_true",
                             help="hand the job to Celery workers (needs CELERY_BROKER_URL) and wait")
         parser.add_argument("--time-limit-s", type=float, default=None,
@@ -87,6 +90,9 @@ class Command(BaseCommand):
             raise CommandError(f"--out {out}: cannot create the directory ({exc.strerror})") from exc
         if options["seed"] < 0:
             raise CommandError(f"--seed must be 0 or more, got {options['seed']}")
+        budget = options["budget_lab_s"]
+        if budget is not None and not (budget > 0 and budget < float("inf")):
+            raise CommandError(f"--budget-lab-s must be a positive number of lab seconds, got {budget}")
         limit = options["time_limit_s"]
         limit = float(settings.DIAG_DIAGNOSE_TIME_LIMIT_S if limit is None else limit)
         if not limit > 0 or limit == float("inf"):
@@ -102,7 +108,7 @@ class Command(BaseCommand):
                 config = self._configuration(options["config"])
                 lab = self._lab(options["lab"], stack)
                 job = self._run(config, lab, stages, options["seed"], queue=options["queue"],
-                                time_limit_s=limit)
+                                time_limit_s=limit, budget=budget)
             except (ConfigError, InventoryError, ScenarioError, UnknownStage, LabError) as exc:
                 raise CommandError(str(exc)) from exc
             except KeyboardInterrupt:
@@ -155,12 +161,12 @@ class Command(BaseCommand):
     # -- running -------------------------------------------------------------------------
     def _run(
         self, config: ClusterConfiguration, lab: Lab, stages: list[str] | None, seed: int, *, queue: bool,
-        time_limit_s: float,
+        time_limit_s: float, budget: float | None = None,
     ) -> DiagnosticJob:
         printed: dict[str, str] = {}
         if queue:
             with transaction.atomic():
-                job = create_job(config=config, lab=lab, stages=stages, seed=seed)
+                job = create_job(config=config, lab=lab, stages=stages, seed=seed, budget_lab_s=budget)
                 enqueue_job(job)
             self.stdout.write(f"job {job.pk} queued on {lab.name}")
             deadline = time.monotonic() + time_limit_s
@@ -183,7 +189,7 @@ class Command(BaseCommand):
             self._report_stages(job, printed)
             return job
 
-        job = create_job(config=config, lab=lab, stages=stages, seed=seed)
+        job = create_job(config=config, lab=lab, stages=stages, seed=seed, budget_lab_s=budget)
         self.stdout.write(f"job {job.pk} on {lab.name}: {', '.join(_stage_names(job))}")
 
         def on_step(outcome: Outcome) -> None:

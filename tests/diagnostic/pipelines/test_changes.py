@@ -41,12 +41,12 @@ def test_it_renormalizes_a_whole_section_change():
 
 
 def test_it_refuses_a_path_through_a_value():
-    with pytest.raises(ChangeError, match="serving.load_format.x"):
+    with pytest.raises(ChangeError, match=r"serving\.load_format\.x"):
         apply_changes(CUSTOMER, [{"path": "serving.load_format.x", "to": 1}])
 
 
 def test_a_change_that_makes_the_configuration_invalid_is_a_config_error():
     from lab.config import ConfigError
 
-    with pytest.raises(ConfigError, match="serving.load_format"):
+    with pytest.raises(ConfigError, match=r"serving\.load_format"):
         apply_changes(CUSTOMER, [{"path": "serving.load_format", "to": "bogus"}])

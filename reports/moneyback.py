@@ -209,6 +209,22 @@ def lab_day_of(findings: Mapping[str, Any]) -> dt.date | None:
         raise ValueError(f"job.lab_day: expected an ISO date such as 2025-12-01, got {raw!r}") from None
 
 
+TUNED_DIFFERENCE = "measurement.difference."
+
+
+def _improvement_names(shown: Sequence[Improvement]) -> str:
+    """The findings that show an improvement, by code, and the tuned configuration's measured
+    rates in words (their codes are the findings.json path they come from)."""
+    codes = sorted({i.code for i in shown if not i.code.startswith(TUNED_DIFFERENCE)})
+    workloads = sorted(
+        {i.code.removeprefix(TUNED_DIFFERENCE) for i in shown if i.code.startswith(TUNED_DIFFERENCE)}
+    )
+    if workloads:
+        rates = " and ".join(workloads)
+        codes.append(f"the tuned configuration's {rates} decode rate{'s' if len(workloads) > 1 else ''}")
+    return ", ".join(codes)
+
+
 def assess(
     findings: Mapping[str, Any],
     *,
@@ -255,7 +271,7 @@ def assess(
     improvements = tuple(
         judge_improvement(str(f.get("code", "")), impact) for f in found for impact in impacts_of(f)
     ) + tuple(
-        judge_improvement(f"measurement.difference.{workload}", {**diff, "better": "higher"})
+        judge_improvement(f"{TUNED_DIFFERENCE}{workload}", {**diff, "better": "higher"})
         for workload, diff in measured_differences(findings)
     )
     shown = [i for i in improvements if i.demonstrated]
@@ -265,7 +281,7 @@ def assess(
             "No finding shows a measured improvement whose 95 % interval excludes zero",
             False,
             f"{len(shown)} measured improvement{'s' if len(shown) != 1 else ''} with the 95 % interval "
-            f"excluding zero ({', '.join(sorted({i.code for i in shown}))}).",
+            f"excluding zero ({_improvement_names(shown)}).",
         )
     else:
         improvement_condition = Condition(

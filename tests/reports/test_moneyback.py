@@ -34,6 +34,12 @@ def test_the_reference_story_is_not_free(findings: dict[str, Any]) -> None:
     # difference on each workload; the cold starts (one run each) have no interval, and
     # metrics.server_overclaim no impact.
     assert sum(i.demonstrated for i in decision.improvements) == 5
+    # Findings by code, the tuned configuration's rates in words (never a findings.json path).
+    detail = next(c.detail for c in decision.conditions if c.key == "no_demonstrated_improvement")
+    assert detail == (
+        "5 measured improvements with the 95 % interval excluding zero (fp4.kernel_dispatch, "
+        "specdec.suboptimal, the tuned configuration's code and prose decode rates)."
+    )
 
 
 def test_it_is_free_when_every_interval_includes_zero(findings: dict[str, Any]) -> None:

@@ -62,9 +62,10 @@ class Triage:
 
     def __init__(self, session: LabSession, config: dict[str, Any], *, log: Callable[[str], None],
                  progress: Callable[[float, str], None], check_cancelled: Callable[[], None],
-                 budget_lab_s: float | None, repeats: int = 1) -> None:
+                 budget_lab_s: float | None, repeats: int = 1, baseline_repeats: int | None = None) -> None:
         self.session = session
         self.repeats = max(1, int(repeats))
+        self.baseline_repeats = self.repeats if baseline_repeats is None else max(1, int(baseline_repeats))
         self.config = config
         self.log = log
         self.progress = progress
@@ -82,7 +83,8 @@ class Triage:
     def over_budget(self) -> bool:
         return self.budget_lab_s is not None and self.spent() >= self.budget_lab_s
 
-    def cold_start(self, config: dict[str, Any], run: str, *, have: int = 0) -> cs.ColdStart:
+    def cold_start(self, config: dict[str, Any], run: str, *, have: int = 0,
+                   repeats: int | None = None) -> cs.ColdStart:
         """True cold starts of `config` as its users see it, `repeats` of them (`have` fewer
         when some were measured already): when it keeps its JIT cache and nothing has filled
         that cache yet, one warm start fills it first."""
@@ -98,7 +100,7 @@ class Triage:
         start = cs.observe(self.session, config, run, facts=self.facts, check_cancelled=self.check_cancelled)
         if config["serving"]["jit_cache"] == "persisted":
             self.warmed.add(key)
-        for _ in range(max(0, self.repeats - have - 1)):
+        for _ in range(max(0, (self.repeats if repeats is None else repeats) - have - 1)):
             again = cs.observe(self.session, config, run, facts=self.facts,
                                check_cancelled=self.check_cancelled)
             start.add_sample(again.cold_start_s)
@@ -122,8 +124,8 @@ class Triage:
                     self.log(f"the customer's cold start is reproduce's: {start.cold_start_s:.1f} lab s")
                     self.steps.append({"step": "customer configuration (reproduce's start)", "lab_s": 0.0,
                                        "warm_up_lab_s": 0.0, "cold_start_s": start.cold_start_s})
-                    if self.repeats > 1:
-                        more = self.cold_start(config, "before", have=1)
+                    if self.baseline_repeats > 1:
+                        more = self.cold_start(config, "before", have=1, repeats=self.baseline_repeats)
                         for seconds in more.samples_s:
                             start.add_sample(seconds)
                         start.lab_s += more.lab_s
@@ -144,7 +146,7 @@ class Triage:
                 self.log(f"not using reproduce's cold start: {why}; measuring our own")
         else:
             self.log("no cold start from reproduce; measuring our own")
-        before = self.cold_start(config, "before")
+        before = self.cold_start(config, "before", repeats=self.baseline_repeats)
         if persisted and not self.notes:
             self.notes.append("The configuration keeps its JIT cache: its cold start was measured after one "
                               "start had filled the cache, as its users see it.")
@@ -165,18 +167,21 @@ def _proved(before: cs.ColdStart, after: cs.ColdStart, cause: str) -> bool:
 def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[str], None] = _noop_log,
                progress: Callable[[float, str], None] = _noop_progress,
                check_cancelled: Callable[[], None] = _noop_cancel, budget_lab_s: float | None = None,
-               reproduce: Mapping[str, Any] | None = None, repeats: int = 1) -> dict[str, Any]:
+               reproduce: Mapping[str, Any] | None = None, repeats: int = 1,
+               baseline_repeats: int | None = None) -> dict[str, Any]:
     """Triage the cold start of `config` (normalized) on the lab behind `session`.
 
     `reproduce` is the reproduce stage's result, whose cold start serves as the customer's
     when it is a true cold start of this configuration with 1 Hz telemetry. `repeats`: true
-    cold starts per step (2 or more give each step a 95 % interval). Returns the
+    cold starts per step (2 or more give each step a 95 % interval); `baseline_repeats`:
+    those of the customer's configuration (default `repeats`), so that the day's before and
+    after can have an interval when the steps cannot afford repeats. Returns the
     `cold_start` section, the findings, the proved `config_changes`, `lab_time_s`, and
     `telemetry_csv` (the telemetry of the customer's cold start and of ours, 1 Hz per node,
     for the customer's own analysis).
     """
     triage = Triage(session, config, log=log, progress=progress, check_cancelled=check_cancelled,
-                    budget_lab_s=budget_lab_s, repeats=repeats)
+                    budget_lab_s=budget_lab_s, repeats=repeats, baseline_repeats=baseline_repeats)
     progress(2, "reading the nodes' facts")
     session.push_agent()
     triage.facts = session.facts()

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec bench-chaos clean
+.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec bench-chaos bench-day clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,7 +32,10 @@ demo: install
 	$(PY) manage.py diagnose --config examples/configs/kimi-k2-8spark-outofbox.yaml \
 		--lab sim:lab/scenarios/reference-kimi-k2-8spark.yaml --dilation $(DEMO_DILATION) --out out/demo
 
-bench: bench-sim bench-measure bench-report bench-triage bench-fp4 bench-specdec bench-chaos
+bench: bench-sim bench-measure bench-report bench-triage bench-fp4 bench-specdec bench-chaos bench-day
+
+bench-day: install
+	$(PY) benchmarks/bench_day.py
 
 bench-sim: install
 	$(PY) benchmarks/bench_sim.py

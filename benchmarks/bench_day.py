@@ -69,7 +69,8 @@ def main() -> int:
     args = parser.parse_args()
     rows = [run_day(name, args.out / name, args.dilation) for name in (args.scenario or DEFAULT)]
     (args.out / "day.json").write_text(json.dumps(rows, indent=2) + "\n")
-    head = f"{'scenario':<26}" + "".join(f"{s[:9]:>10}" for s in STAGES) + f"{'total':>9}{'wall s':>8}  money back"
+    head = (f"{'scenario':<26}" + "".join(f"{s[:9]:>10}" for s in STAGES)
+            + f"{'total':>9}{'wall s':>8}  money back")
     print(f"bench-day: lab seconds per stage at dilation {args.dilation:g} (target: whole day "
           f"≤ {TARGET_LAB_S:.0f} lab s on the reference)")
     print(head)

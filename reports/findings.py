@@ -12,7 +12,14 @@ Shapes read beyond DESIGN.md's schema (all optional, documented for the pipeline
   change `after - before`; optional `n`, `unit`, `better` ("higher"|"lower").
 - `finding.evidence.claims` / `.delivered` (the measure stage's overclaim evidence) print
   as one table; `explained_by` prints each cause with the measurement's own description
-  of it (`measurement.cause_descriptions`, passed in by the caller).
+  of it (`measurement.cause_descriptions`, passed in by the caller); `decided_by` (the
+  triage's deciding readings, each with `<name>_range` across nodes) lends its ranges to
+  the rows it repeats; nested values print in words, never as keys.
+- `impact.metric` `decode_tps_<workload>` (also `decode_tps.<workload>`); a unit
+  "share of ..." is a fraction, printed as a percentage.
+
+`by_impact` orders the findings: blocking ones first, then by the measured change
+relative to its metric, then those with none.
 """
 
 from __future__ import annotations

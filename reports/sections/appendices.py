@@ -1,10 +1,15 @@
 """The report's appendices: how the figures were obtained, with this job's own protocol
-parameters (A), and every measured run (B), from `findings.measurement`.
+parameters and the hardware's bound on each rate (methodology); the tuned configuration
+with its changes, launch command, file and diff (`findings.tuned`); the lab time of each
+stage (`job.stages[].lab_seconds` against `job.lab_time_s`); and every measured run, from
+`findings.measurement`. `reports.content` letters them in order, leaving out any with
+nothing to show.
 
 A run is the findings schema's `run`: 0-based `index` and `prompt_index`, `tokens`
 (delivered), `usage_completion_tokens`, `ttft_s`, `decode_tps`, `e2e_tps`, and `abandoned`
 or `error` for a run without a rate; `{workload}.outliers` and `{workload}.ttft.outliers`
-are positions among the runs that have a rate.
+are positions among the runs that have a rate. The bound is `measurement.roofline`
+{customer|tuned: {workload: {bound_tps, fraction, inputs, formula}}}.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
-"""Section 3.1, cold start, from `findings.cold_start`: the true cold starts before and
-after the changes, the waterfall of fixes, the timeline per node, and each stall with the
-telemetry that attributes it.
+"""Section 3.1, cold start, from `findings.cold_start` (the triage's section, with
+`after_s` and `after_first_boot_s` from the measure stage): the true cold starts before and
+after the changes, the waterfall of proving runs as a chart and a table with each stall
+signature seen or gone, the one-time compile of a kept JIT cache, the timeline per node,
+and each stall with the telemetry that attributes it.
 
-Shapes read beyond DESIGN.md's schema (all optional): `phases[]`: {run: before|after,
-node, phase, start_s, end_s}; `waterfall[]`: {step, fixes, n, cold_start_s, ci95,
-delta_ci95}; `stalls[]`: {run, node, cause, start_s, end_s, silent_s, telemetry: {t_s:
-[...], series...}}.
+Shapes read (diagnostic/pipelines/triage/section.py documents them): `before_s`,
+`after_s`, `before_ci95`, `after_ci95`, `root_causes`; `waterfall[]`: {step, mode:
+baseline|alone|all, fixes, changes [{path, from, to}], n, cold_start_s, ci95, delta_s,
+delta_ci95, signatures, signature_gone}; `steps[]`: {step, warm_up_lab_s}; `notes[]`;
+`phases[]`: {run, node, phase, start_s, end_s}; `stalls[]`: {run, node, cause, start_s,
+end_s, silent_s, telemetry: {t_s: [...], series...}}.
 """
 
 from __future__ import annotations

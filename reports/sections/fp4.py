@@ -1,11 +1,15 @@
 """Section 3.2, FP4 correctness, from `findings.fp4`: what the FP4 check found with the
-customer's kernels and with the recommended ones, and every backend through the checks.
+customer's kernels and with the chosen ones, every backend through the checks, the speed
+cost of correct output against noise, and canary prompts answered side by side.
 
 The verdicts `verdict` and `verdict_after` (garbage|degraded|correct) are the FP4
 pipeline's decisions and print as it wrote them; without `verdict_after` the section
-gives the canary pass rate it measured and no verdict. `backends[]` holds the checks per
-backend: {backend, dispatch, canary_pass_rate, perplexity, probe_max_rel_error,
-decode_tps_code, verdict}.
+gives the canary pass rate it measured and no verdict. Also read: `canary_ci95`
+{before, after}, `canaries_after`; `backends[]`: {backend, dispatch, canary_pass_rate,
+perplexity, probe_max_rel_error, decode_tps_code, verdict}; `notes[]` (the winner against
+the next correct backend, tested); `speed_cost` {workload: {before_tps, after_tps,
+diff_tps, diff_ci95, diff_pct, p, significant}}; `examples` {before|after: [{id, prompt,
+expected, got, passed, detail}]}.
 """
 
 from __future__ import annotations

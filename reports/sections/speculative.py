@@ -1,10 +1,17 @@
 """Section 3.3, speculative decoding, from `findings.speculative`: the decode rate per
-workload without speculation, with the customer's setting and with the recommended one,
-and every trial of the search for the draft length.
+workload without speculation, with the customer's setting and with the fastest one, the
+rate against draft length k per method and workload, the finalists, the one setting
+deployed for the customer's mix in their own launch syntax, the search's lab time against
+an exhaustive sweep, and every trial.
 
-Shapes read: `baseline|none|best.{workload}`: {n, mean_tps, ci95, runs?}, a section's own
-`method` and `k` applying to its workloads; `trials[]`: {workload, method, k, stage:
-screen|confirm, n, mean_tps, ci95}.
+Shapes read (the search's section): `baseline|none|best.{workload}`: {n, mean_tps, ci95},
+a section's own `method` and `k` applying to its workloads; `verdicts` {workload: ok|
+suboptimal|...}; `trials[]`: {workload, method, k, phase (and `stage`, the same):
+screen|confirm, n, mean_tps, ci95}; `finalists[]`, `not_confirmed[]` ({method, k, why});
+`customer`, `chosen`, `deployed` {method, k, changed, weights, mix_tps, vs_customer,
+workloads {w: gives_up_tps, gives_up_pct}, launch_syntax}; `customer_launch_syntax`;
+`protocol.screen|confirm` {n, max_tokens}; `space.notes`; `lab_time_s`,
+`sweep_estimate_s`, `lab_time_vs_sweep`, `sweep_basis.settings`.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ findings schema's `workload_measurement` and `run`): `{workload}` summaries with
 `runs[]`; `server_claimed_tps` and `server_claim_source` per workload; `reconciliation`,
 the causes that explain the claim; `reconciliation_detail`: {workload: [tested cause:
 {code, present, explains_ratio, observed_ratio, predicted_ratio, evidence}]};
-`cause_descriptions`: {cause code: plain words}, printed as given. `measurement.after`
-has the same shape for the recommended configuration measured by the same protocol.
+`cause_descriptions`: {cause code: plain words}, printed as given. `measurement.tuned`
+has the same shape for the tuned configuration measured by the same protocol, with
+`difference` {workload: {diff, ci95, p, different}} and `roofline` (each rate's share of
+the hardware's bound).
 """
 
 from __future__ import annotations

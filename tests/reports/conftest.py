@@ -1,9 +1,9 @@
 """Shared setup of the report tests.
 
-`findings` is the reference-story document of tests/reports/reference_story.py: a TEST
-FIXTURE modelled on LAB_MODEL.md section 8, not the output of a diagnostic run. The full
-report of it is rendered once per session (`reference_report`), because a render takes
-seconds, and every test that reads the PDF back shares it.
+`findings` is the reference day of tests/reports/reference_story.py: the findings.json a
+real diagnostic run wrote on the simulated reference lab, in the producers' own shapes.
+The full report of it is rendered once per session (`reference_report`), because a render
+takes seconds, and every test that reads the PDF back shares it.
 
 Until the project's settings list the `reports` app, this conftest adds it before the
 test database is created, so that its migration runs.

@@ -127,6 +127,25 @@ def test_the_first_start_of_a_kept_jit_cache_is_noted(findings: dict[str, Any]) 
     ]
 
 
+def test_the_cold_start_change_takes_the_measure_stage_s_welch_interval(findings: dict[str, Any]) -> None:
+    findings["cold_start"]["difference"] = {
+        "metric": "cold_start_s",
+        "before": 559.6,
+        "after": 146.1,
+        "diff": -413.5,
+        "ci95": [-416.0, -411.0],
+        "p": 1e-9,
+        "different": True,
+        "n": [2, 3],
+    }
+    cold = next(r for r in report_content(findings).summary if r.label == "Cold start")
+    assert (cold.change, cold.change_sub, cold.change_third) == (
+        "\u2212414 s",
+        "[\u2212416,\u00a0\u2212411] s",
+        "",
+    )
+
+
 def test_findings_are_ordered_by_impact_blocking_first(findings: dict[str, Any]) -> None:
     report = report_content(findings)
     codes = [f.code for f in report.findings]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from reports import figures as fig
 from reports.sections.fp4 import fp4_section
 from reports.structure import NO_CAUSE_DESCRIPTION
 from tests.reports.conftest import report_content
@@ -47,3 +48,30 @@ def test_without_a_verdict_after_the_fp4_section_gives_the_pass_rate_and_no_verd
     total = findings["fp4"]["canaries"]
     assert text.endswith(f"With the cutlass backend, 70 % of {total} canary prompts were answered correctly.")
     assert not any(word in text.split("With the cutlass backend")[1] for word in ("garbage", "degraded"))
+
+
+def test_the_cold_start_section_notes_the_one_time_compile_of_a_kept_cache(findings: dict[str, Any]) -> None:
+    findings["cold_start"]["after_first_boot_s"] = 296.4
+    (stage,) = [s for s in report_content(findings).stages if s.anchor == "cold-start"]
+    texts = [b.text for b in stage.blocks if b.kind == "paragraph"]
+    after = fig.seconds(findings["cold_start"]["after_s"])
+    assert (
+        "The first start of the tuned configuration compiled the kernels once into the kept cache and took "
+        f"296 s; every start after it took {after}." in texts
+    )
+    # The triage's own warm-up of the kept cache before its proving run is said too.
+    assert any(
+        t.startswith("For \u201cpersisted JIT cache\u201d the engine was first started once") for t in texts
+    )
+
+
+def test_the_throughput_table_sets_each_rate_against_the_hardware_s_bound(findings: dict[str, Any]) -> None:
+    (stage,) = [s for s in report_content(findings).stages if s.anchor == "throughput"]
+    table = next(b for b in stage.blocks if b.kind == "table")
+    assert table.columns[-1] == "Of the bound"
+    roofline = findings["measurement"]["roofline"]
+    assert [row[-1] for row in table.rows] == [
+        fig.percent(roofline[side][w]["fraction"])
+        for w in ("code", "prose")
+        for side in ("customer", "tuned")
+    ]

@@ -2,11 +2,11 @@
 
 METHODOLOGY.md wants the whole day on the reference 8-node lab in two lab hours; measured
 on the simulated reference lab it takes about 2.8 (benchmarks/bench_day.py), so the default
-day budget is three lab hours until the stages get cheaper. Each stage gets what is left of the day once the stages after it have
-their reserve: the lab seconds each needs to do its work at all on an 8-node Kimi K2-class
-day (a true cold start or two, the measurement protocol's runs), measured on the reference
-lab (benchmarks/bench_day.py prints what each stage spent). A stage that runs out stops
-early and says what it did not try; the measure stage does not shorten its protocol.
+day budget is three lab hours until the stages get cheaper. Each stage gets what is left
+of the day once the stages after it have their reserve: the lab seconds each needs to do
+its work at all on an 8-node Kimi K2-class day (a true cold start or two, the measurement
+protocol's runs), measured on the reference lab. A stage that runs out stops early and
+says what it did not try; the measure stage does not shorten its protocol.
 """
 
 from __future__ import annotations

@@ -59,7 +59,11 @@ INSTALLED_APPS = [
     "diagnostic.pipelines",
     "diagnostic.accounts",
     "diagnostic.portal",
+    "diagnostic.staff",
     "reports",
+    # Optional TOTP second factor for staff (STAFF_REQUIRE_2FA).
+    "django_otp",
+    "django_otp.plugins.otp_totp",
 ]
 
 MIDDLEWARE = [
@@ -71,6 +75,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Marks a session whose user confirmed a TOTP code (request.user.is_verified()).
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into the lockout page.

@@ -1,5 +1,5 @@
-"""The project's URL map: admin, health check, customer accounts and the portal; the
-staff dashboard mounts here too."""
+"""The project's URL map: admin, health check, customer accounts, the portal and the
+staff dashboard."""
 
 from __future__ import annotations
 
@@ -15,4 +15,5 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("accounts/", include("diagnostic.accounts.urls")),
     path("portal/", include("diagnostic.portal.urls")),
+    path("staff/", include("diagnostic.staff.urls")),
 ]

@@ -32,6 +32,11 @@ class MoneyBackOverride(models.Model):
     reason = models.TextField()
     decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     decided_at = models.DateTimeField(default=timezone.now)
+    # A row that takes back an earlier decision (with its own reason): both then leave the
+    # decision in force, and the computed rule speaks again.
+    reverts = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reverted_by"
+    )
 
     class Meta:
         ordering = ("decided_at", "id")
@@ -61,9 +66,31 @@ def override_money_back(*, job_id: str, eligible: bool, reason: str, by: User) -
 
 
 def overrides_for(job_id: str) -> list[OverrideEntry]:
-    """Every staff decision for a job, oldest first, ready for `reports.report.render`."""
-    rows = MoneyBackOverride.objects.filter(job_id=job_id).select_related("decided_by")
+    """The staff decisions in force for a job (none reverted), oldest first, ready for
+    `reports.report.render`."""
+    rows = MoneyBackOverride.objects.filter(
+        job_id=job_id, reverts__isnull=True, reverted_by__isnull=True
+    ).select_related("decided_by")
     return [row.as_entry() for row in rows]
+
+
+def revert_override(*, override: MoneyBackOverride, reason: str, by: User) -> MoneyBackOverride:
+    """Take back a staff decision, saying why; the reverting row is kept beside it."""
+    text = " ".join(reason.split())
+    if len(text) < MIN_REASON_CHARS:
+        raise ValidationError(
+            f"reason: write at least {MIN_REASON_CHARS} characters saying why the override is reverted "
+            f"(got {len(text)})"
+        )
+    if override.reverts_id is not None:
+        raise ValidationError("a revert cannot itself be reverted; record a new decision instead")
+    with transaction.atomic():
+        locked = MoneyBackOverride.objects.select_for_update().get(pk=override.pk)
+        if MoneyBackOverride.objects.filter(reverts=locked).exists():
+            raise ValidationError("this decision was already reverted")
+        return MoneyBackOverride.objects.create(
+            job_id=locked.job_id, eligible=locked.eligible, reason=text, decided_by=by, reverts=locked
+        )
 
 
 class ReportEmail(models.Model):

@@ -251,6 +251,12 @@ class ReportVersion(models.Model):
 
     class Meta:
         ordering = ("job", "created_at", "id")
+        # Who may release a report and decide a refund: the "staff" group holds both
+        # (diagnostic/staff/apps.py); being is_staff alone lets a consultant look, not act.
+        permissions = (
+            ("approve_report", "Can approve a report version and send it to the customer"),
+            ("decide_refund", "Can override the money-back decision"),
+        )
         constraints = (
             models.UniqueConstraint(fields=["job", "digest"], name="report_version_once_per_digest"),
             # An approval names who gave it, and only an approval does.
@@ -290,3 +296,78 @@ def record_report_version(*, job: DiagnosticJob, digest: str, pdf_path: str, pag
     if settings.PORTAL_AUTO_APPROVE and not row.is_approved:
         row.approve()
     return row
+
+
+class FindingEdit(models.Model):
+    """One staff edit of a finding's words: its title, its narrative (the paragraph the
+    report opens the finding with) or the consultant's note. Rows are only ever added; a
+    field's current text is its latest edit's `after`. Measured numbers, evidence and
+    intervals are not editable, so they have no field here."""
+
+    class Field(models.TextChoices):
+        TITLE = "title", "title"
+        NARRATIVE = "narrative", "narrative"
+        NOTE = "note", "consultant's note"
+
+    finding = models.ForeignKey(Finding, on_delete=models.CASCADE, related_name="edits")
+    field = models.CharField(max_length=12, choices=Field.choices)
+    before = models.TextField(blank=True)
+    after = models.TextField(blank=True)
+    edited_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    edited_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("finding", "edited_at", "id")
+        indexes = (models.Index(fields=["finding", "field"], name="finding_edit_field_idx"),)
+
+    def __str__(self) -> str:
+        return f"{self.field} of finding {self.finding_id} by user {self.edited_by_id}"
+
+
+class LabHealth(models.Model):
+    """The latest health poll of a lab as a whole: when it ran and, when the lab could not
+    be reached at all (no inventory, a simulated lab not serving), why."""
+
+    lab = models.OneToOneField(Lab, on_delete=models.CASCADE, primary_key=True, related_name="health")
+    checked_at = models.DateTimeField(default=timezone.now)
+    error = models.TextField(blank=True)
+    poll_seconds = models.FloatField(default=0.0)
+
+    def __str__(self) -> str:
+        return f"{self.lab_id} checked {self.checked_at:%H:%M:%S}"
+
+
+class NodeHealth(models.Model):
+    """One node's state at the latest poll, as its agent reported it (facts, status,
+    telemetry). Null means the node did not report it; the dashboard says so rather than
+    showing a number nobody measured."""
+
+    lab = models.ForeignKey(Lab, on_delete=models.CASCADE, related_name="node_health")
+    node = models.CharField(max_length=100)
+    role = models.CharField(max_length=10, blank=True)
+    reachable = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    checked_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    engine_running = models.BooleanField(null=True)
+    engine_exit_code = models.IntegerField(null=True, blank=True)
+    spec_sha256 = models.CharField(max_length=64, blank=True)
+    gpu_name = models.CharField(max_length=200, blank=True)
+    gpu_temperature_c = models.FloatField(null=True, blank=True)
+    gpu_memory_total_mib = models.PositiveIntegerField(null=True, blank=True)
+    mem_total_kib = models.PositiveBigIntegerField(null=True, blank=True)
+    mem_available_kib = models.PositiveBigIntegerField(null=True, blank=True)
+    disk_free_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    page_cache_kib = models.PositiveBigIntegerField(null=True, blank=True)
+    # The newest telemetry sample: its lab-clock stamp and the wall time it stands for.
+    last_telemetry_lab_t = models.FloatField(null=True, blank=True)
+    last_telemetry_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("lab", "node")
+        constraints = (
+            models.UniqueConstraint(fields=["lab", "node"], name="node_health_once_per_node"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.lab_id}/{self.node}: {'up' if self.reachable else 'unreachable'}"

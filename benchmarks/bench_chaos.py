@@ -178,6 +178,8 @@ def one_run(number: int, fault: Fault, services: Services, root: Path) -> Row:
             row.attempts = stage["attempts"]
             row.checks = "ok"
             row.reason = job["status_message"] or (stage["last_error"] or "")
+            if stage["status"] != "succeeded":
+                row.reason += f" ({stage['message'] or stage['last_error']})"
         except AssertionError as failed:
             row.checks = "FAILED"
             row.reason = str(failed).splitlines()[0][:200]
@@ -193,7 +195,7 @@ def print_table(rows: list[Row]) -> None:
           f"{'checks':<7} {'wall s':>6}  reason / last retried error")
     for r in rows:
         print(f"{r.run:>3}  {r.fault.kind:<8} {r.fault.stage:<13} {r.fault.after_s:>4.1f}  {r.landed:<17} "
-              f"{r.status:<9} {r.attempts:>3}  {r.checks:<7} {r.seconds:>6.1f}  {r.reason[:80]}")
+              f"{r.status:<9} {r.attempts:>3}  {r.checks:<7} {r.seconds:>6.1f}  {r.reason[:160]}")
     held = sum(r.checks == "ok" for r in rows)
     ran = sum(r.checks != "skipped" for r in rows)
     print(f"\nchecks held in {held} of {ran} runs; jobs succeeded: "

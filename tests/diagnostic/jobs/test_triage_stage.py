@@ -49,3 +49,5 @@ def test_triage_proves_the_reference_story_from_reproduces_cold_start(tmp_path: 
     assert {c["finding"] for c in triage["config_changes"]} >= {"load.weights_io", "load.jit_compile"}
     csv = triage["artifacts"]["cold-start-telemetry.csv"]
     assert csv.startswith("run,node,t_s,epoch,")
+    # diagnose writes it beside findings.json for the customer's own analysis.
+    assert (out / "cold-start-telemetry.csv").read_text() == csv

@@ -239,6 +239,13 @@ class Command(BaseCommand):
                 if report.get(key) and Path(report[key]).is_file():
                     write_atomically(out / name, Path(report[key]).read_bytes())
                     self.stdout.write(f"wrote {out / name}")
+        for stage in job.stage_runs.filter(status="succeeded").order_by("order"):
+            result = stage.result if isinstance(stage.result, dict) else {}
+            for name, text in (result.get("artifacts") or {}).items():
+                # Files a stage made for the customer's own analysis (the cold-start telemetry).
+                if isinstance(text, str) and Path(name).name == name and not name.startswith("."):
+                    (out / name).write_text(text)
+                    self.stdout.write(f"wrote {out / name}")
         if document.get("tuned"):
             for written in write_tuned_files(document["tuned"], out):
                 self.stdout.write(f"wrote {written}")

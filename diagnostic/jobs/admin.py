@@ -1,10 +1,23 @@
-"""Admin for jobs, stage runs, findings, measurements and lab leases."""
+"""Admin for jobs, stage runs, findings, measurements, lab leases and the dashboard's
+records (finding edits, lab health), the latter read-only."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
 
-from diagnostic.jobs.models import DiagnosticJob, Finding, LabLease, Measurement, ReportVersion, StageRun
+from diagnostic.jobs.models import (
+    DiagnosticJob,
+    Finding,
+    FindingEdit,
+    LabHealth,
+    LabLease,
+    Measurement,
+    NodeHealth,
+    ReportVersion,
+    StageRun,
+)
 
 
 class StageRunInline(admin.TabularInline):
@@ -57,3 +70,33 @@ class ReportVersionAdmin(admin.ModelAdmin):
     list_display = ("job", "digest", "pages", "created_at", "approved_at", "approved_by")
     list_filter = ("approved_at",)
     readonly_fields = ("job", "digest", "pdf_path", "pages", "created_at")
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Records the dashboard keeps (edits, health polls): shown, never changed here."""
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(FindingEdit)
+class FindingEditAdmin(ReadOnlyAdmin):
+    list_display = ("finding", "field", "edited_by", "edited_at")
+    list_filter = ("field",)
+
+
+@admin.register(LabHealth)
+class LabHealthAdmin(ReadOnlyAdmin):
+    list_display = ("lab", "checked_at", "error")
+
+
+@admin.register(NodeHealth)
+class NodeHealthAdmin(ReadOnlyAdmin):
+    list_display = ("lab", "node", "reachable", "engine_running", "checked_at", "last_telemetry_at")
+    list_filter = ("reachable", "lab")

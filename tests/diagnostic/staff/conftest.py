@@ -104,7 +104,7 @@ def smtp(settings: Any) -> Iterator[Mailbox]:
     box = Mailbox("127.0.0.1", port)
 
     class Handler:
-        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
+        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
             box.messages.append(email.message_from_bytes(envelope.content, policy=email.policy.default))
             return "250 OK"
 

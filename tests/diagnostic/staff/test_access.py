@@ -1,0 +1,90 @@
+"""Every staff URL as the whole cast: anonymous visitors go to the login page (302), a
+customer gets 404 (the dashboard confirms nothing to customers, neither the page nor the
+job; the portal answers staff the same way), staff without the `staff` group may look but
+not approve or decide a refund (403), the group's members may do both."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from diagnostic.jobs.models import DiagnosticJob
+from reports.models import override_money_back
+from tests.diagnostic.conftest import Cast
+
+pytestmark = pytest.mark.django_db
+
+LOOKING = [
+    "/staff/",
+    "/staff/?state=succeeded&q=acme",
+    "/staff/jobs/rows/",
+    "/staff/jobs/{job}/",
+    "/staff/jobs/{job}/timeline/",
+    "/staff/jobs/{job}/log/preflight/",
+    "/staff/jobs/{job}/log/preflight/?format=json&since=0",
+    "/staff/jobs/{job}/cancel/",
+    "/staff/jobs/{job}/rerun-report/",
+    "/staff/lab/",
+    "/staff/reports/{job}/",
+]
+ACTING = ["/staff/reports/{job}/approve/", "/staff/reports/{job}/money-back/",
+          "/staff/reports/{job}/money-back/{override}/revert/"]
+
+
+def urls(paths: list[str], job: DiagnosticJob, override: int = 0) -> list[str]:
+    return [p.format(job=job.pk, override=override) for p in paths]
+
+
+def test_every_staff_url_as_the_cast(cast: Cast, finished: DiagnosticJob, approver_client: Client) -> None:
+    for url in urls(LOOKING, finished):
+        anonymous = cast.anonymous.get(url)
+        assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/"), url
+        for customer in ("alice", "bob"):
+            assert cast.client(customer).get(url).status_code == 404, (customer, url)
+        assert cast.client("staff").get(url).status_code == 200, url
+        assert approver_client.get(url).status_code == 200, url
+
+
+def test_acting_needs_the_staff_group(cast: Cast, finished: DiagnosticJob, approver: Any) -> None:
+    row = override_money_back(job_id=str(finished.pk), eligible=True,
+                              reason="Lab cooling failed for two hours mid-day.", by=approver)
+    for url in urls(ACTING, finished, row.pk):
+        assert cast.anonymous.post(url).status_code == 302, url
+        assert cast.client("alice").post(url).status_code == 404, url
+        assert cast.client("staff").post(url, {"version": "x", "eligible": "no", "reason": "r" * 30}
+                                          ).status_code == 403, url
+    # The page tells a staff member without the group that they cannot act, and offers no button.
+    page = cast.client("staff").get(f"/staff/reports/{finished.pk}/").content.decode()
+    assert "Approving needs the" in page and "Record the override" not in page
+
+
+def test_a_job_id_that_does_not_exist_is_404_for_staff(cast: Cast, db: None) -> None:
+    missing = "00000000-0000-0000-0000-000000000000"
+    for path in ("/staff/jobs/{}/", "/staff/reports/{}/", "/staff/jobs/{}/log/preflight/"):
+        assert cast.client("staff").get(path.format(missing)).status_code == 404
+
+
+def test_two_factor_when_required(cast: Cast, settings: Any, db: None) -> None:
+    from django_otp.oath import totp
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    settings.STAFF_REQUIRE_2FA = True
+    client = cast.client("staff")
+    first = client.get("/staff/")
+    assert first.status_code == 302 and first["Location"].startswith("/staff/2fa/")
+    enrol = client.get("/staff/2fa/?next=/staff/lab/")
+    assert enrol.status_code == 200 and b"Set up your authenticator" in enrol.content
+    device = TOTPDevice.objects.get(user=cast.staff)
+    assert client.post("/staff/2fa/", {"token": "000000", "next": "/staff/lab/"}).status_code == 400
+    device.refresh_from_db()
+    device.throttling_failure_count = 0
+    device.throttling_failure_timestamp = None
+    device.save()
+    code = totp(device.bin_key, step=device.step, t0=device.t0, digits=device.digits)
+    verified = client.post("/staff/2fa/", {"token": f"{code:06d}", "next": "/staff/lab/"})
+    assert verified.status_code == 302 and verified["Location"] == "/staff/lab/"
+    assert client.get("/staff/").status_code == 200
+    # Customers are not offered a device.
+    assert cast.client("alice").get("/staff/").status_code == 404

@@ -1,0 +1,95 @@
+"""The staff dashboard in a real browser: the jobs list, a job's timeline and log, the
+review page where a consultant edits a finding's narrative, renders a new version, reads
+the diff and approves it (one email on a real SMTP receiver, none on a second approval),
+then the customer's browser downloads that very version; screenshots of each page.
+
+Not covered here yet: watching a job queued from the portal run live (the portal's own
+browser test drives that path) and a running stage's log streaming."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+from pypdf import PdfReader
+
+from diagnostic.jobs.models import ReportVersion
+from diagnostic.jobs.report import render_version
+# The shared cast and the staff fixtures, used here as in tests/diagnostic.
+from tests.diagnostic.conftest import Cast, cast, customer, lab, organisation, other_customer  # noqa: F401
+from tests.diagnostic.staff.conftest import Mailbox, approver, make_finished_job, smtp  # noqa: F401
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+NARRATIVE = "Weights arrived at 180 MB/s from the network share; a local NVMe copy fixes it."
+
+
+def browser_as(browser: Any, live_server: Any, user: Any) -> Any:
+    client = Client()
+    client.force_login(user)
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    host = live_server.url.split("//", 1)[1].split(":")[0]
+    context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value,
+                          "domain": host, "path": "/"}])
+    return context
+
+
+def test_staff_review_approve_and_the_customer_downloads(
+    browser: Any, live_server: Any, portal_settings: Any, screenshot: Any, cast: Cast, lab: Any,
+    approver: Any, smtp: Mailbox,
+) -> None:
+    portal_settings.PORTAL_AUTO_APPROVE = False
+    job = make_finished_job(cast, lab, lab_day=timezone.localdate())
+    first = render_version(job).row
+
+    staff = browser_as(browser, live_server, approver)
+    page = staff.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+
+    page.goto(f"{live_server.url}/staff/")
+    assert page.inner_text(f"tr[data-job='{job.pk}'] .badge") == "succeeded"
+    screenshot(page, "staff-01-jobs")
+    page.click(f"tr[data-job='{job.pk}'] a >> nth=0")
+    assert "reproduce" in page.inner_text("table.timeline")
+    screenshot(page, "staff-02-job")
+    page.click("tr[data-stage='reproduce'] a:has-text('log')")
+    assert "started" in page.inner_text("#stage-log")
+    screenshot(page, "staff-03-log")
+
+    page.goto(f"{live_server.url}/staff/reports/{job.pk}/")
+    finding = job.finding_set.get(code="load.weights_io")
+    page.fill(f"#narrative-{finding.pk}", NARRATIVE)
+    page.click(f"#finding-{finding.pk} button[type=submit]")
+    assert "Saved narrative" in page.inner_text("main")
+    page.click("#render-version")
+    assert "rendered" in page.inner_text("main")
+    assert NARRATIVE in page.inner_text("#version-diff .add >> nth=0") or NARRATIVE in page.inner_text(
+        "#version-diff")
+    screenshot(page, "staff-04-review-diff")
+    newest = ReportVersion.objects.filter(job=job).exclude(pk=first.pk).get()
+    page.click(f"tr[data-version='{newest.version}'] button.approve")
+    assert "approved and emailed" in page.inner_text("main")
+    page.click(f"tr[data-version='{newest.version}'] button.approve")
+    assert "none was sent again" in page.inner_text("main")
+    assert len(smtp.messages) == 1
+    screenshot(page, "staff-05-approved")
+    page.goto(f"{live_server.url}/staff/lab/")
+    screenshot(page, "staff-06-lab")
+    assert errors == [], errors
+    staff.close()
+
+    customer = browser_as(browser, live_server, cast.alice)
+    mine = customer.new_page()
+    mine.goto(f"{live_server.url}/portal/jobs/{job.pk}/")
+    with mine.expect_download() as download_info:
+        mine.click("#download-report")
+    got = open(download_info.value.path(), "rb").read()
+    assert got == open(newest.pdf_path, "rb").read()
+    text = "\n".join(p.extract_text() or "" for p in PdfReader(io.BytesIO(got)).pages)
+    assert "network share" in text
+    customer.close()

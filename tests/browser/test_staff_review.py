@@ -18,6 +18,7 @@ from pypdf import PdfReader
 
 from diagnostic.jobs.models import ReportVersion
 from diagnostic.jobs.report import render_version
+
 # The shared cast and the staff fixtures, used here as in tests/diagnostic.
 from tests.diagnostic.conftest import Cast, cast, customer, lab, organisation, other_customer  # noqa: F401
 from tests.diagnostic.staff.conftest import Mailbox, approver, make_finished_job, smtp  # noqa: F401
@@ -38,8 +39,8 @@ def browser_as(browser: Any, live_server: Any, user: Any) -> Any:
 
 
 def test_staff_review_approve_and_the_customer_downloads(
-    browser: Any, live_server: Any, portal_settings: Any, screenshot: Any, cast: Cast, lab: Any,
-    approver: Any, smtp: Mailbox,
+    browser: Any, live_server: Any, portal_settings: Any, screenshot: Any, cast: Cast, lab: Any,  # noqa: F811
+    approver: Any, smtp: Mailbox,  # noqa: F811
 ) -> None:
     portal_settings.PORTAL_AUTO_APPROVE = False
     job = make_finished_job(cast, lab, lab_day=timezone.localdate())
@@ -83,8 +84,8 @@ def test_staff_review_approve_and_the_customer_downloads(
     assert errors == [], errors
     staff.close()
 
-    customer = browser_as(browser, live_server, cast.alice)
-    mine = customer.new_page()
+    alice = browser_as(browser, live_server, cast.alice)
+    mine = alice.new_page()
     mine.goto(f"{live_server.url}/portal/jobs/{job.pk}/")
     with mine.expect_download() as download_info:
         mine.click("#download-report")
@@ -92,4 +93,4 @@ def test_staff_review_approve_and_the_customer_downloads(
     assert got == open(newest.pdf_path, "rb").read()
     text = "\n".join(p.extract_text() or "" for p in PdfReader(io.BytesIO(got)).pages)
     assert "network share" in text
-    customer.close()
+    alice.close()

@@ -6,14 +6,16 @@ from __future__ import annotations
 from django.contrib.auth import views as auth
 from django.urls import path, reverse_lazy
 
-from diagnostic.accounts.views import EmailAuthenticationForm, accept_invite
+from diagnostic.accounts.views import EmailAuthenticationForm, accept_invite, landing
 
 app_name = "accounts"
 
 urlpatterns = [
     path(
         "login/",
-        auth.LoginView.as_view(authentication_form=EmailAuthenticationForm, redirect_authenticated_user=True),
+        # Without a `next` link, staff land on the dashboard and customers on the portal.
+        auth.LoginView.as_view(authentication_form=EmailAuthenticationForm, redirect_authenticated_user=True,
+                               next_page=reverse_lazy("accounts:landing")),
         name="login",
     ),
     path("logout/", auth.LogoutView.as_view(), name="logout"),
@@ -30,4 +32,5 @@ urlpatterns = [
     ),
     path("reset/done/", auth.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
     path("invite/<str:token>/", accept_invite, name="accept-invite"),
+    path("home/", landing, name="landing"),
 ]

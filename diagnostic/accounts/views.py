@@ -10,6 +10,7 @@ from axes.helpers import get_cool_off
 from axes.models import AccessAttempt
 from django import forms
 from django.contrib.auth import login, password_validation
+from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
@@ -62,6 +63,13 @@ class SetPasswordForm(forms.Form):
 
 
 @require_http_methods(["GET", "POST"])
+@login_required
+def landing(request: HttpRequest) -> HttpResponse:
+    """Where a login without a `next` link lands: consultants on the dashboard, customers
+    on their bookings (staff have no portal and customers no dashboard)."""
+    return redirect("/staff/" if request.user.is_staff else "/portal/")
+
+
 def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
     try:
         invitation = find_usable(token)

@@ -93,7 +93,9 @@ def test_login_and_logout(settings: Any) -> None:
     client = Client()
     assert "csrfmiddlewaretoken" in client.get("/accounts/login/").content.decode()
     response = client.post("/accounts/login/", {"username": "carol@example.com", "password": PASSWORD})
-    assert response.status_code == 302 and response["Location"] == "/portal/"
+    assert response.status_code == 302 and response["Location"] == "/accounts/home/"
+    landing = client.get("/accounts/home/")
+    assert landing.status_code == 302 and landing["Location"] == "/portal/"
     assert client.get("/portal/").status_code == 200
     client.post("/accounts/logout/")
     assert client.get("/portal/").status_code == 302
@@ -149,3 +151,11 @@ def test_an_address_guessing_many_accounts_is_locked_too(settings: Any) -> None:
         "/accounts/login/", {"username": "carol@example.com", "password": PASSWORD}
     )
     assert fine.status_code == 302
+
+
+def test_staff_land_on_the_dashboard_after_login() -> None:
+    User.objects.create_user("consultant@lab.example", "consultant@lab.example", PASSWORD, is_staff=True)
+    client = Client()
+    client.post("/accounts/login/", {"username": "consultant@lab.example", "password": PASSWORD})
+    landing = client.get("/accounts/home/")
+    assert landing.status_code == 302 and landing["Location"] == "/staff/"

@@ -7,6 +7,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec bench-chaos bench-day clean
 
+# The demo and the benchmarks are development processes: DEBUG=1, so the settings need no
+# SECRET_KEY (they refuse to start without one otherwise). The tests set their own
+# (tests/environment.py); bench-portal sets DEBUG=0 and a key for the production stack.
+demo bench-%: export DEBUG ?= 1
+
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c requirements.lock -e '.[dev]'

@@ -27,19 +27,31 @@ from diagnostic.envconfig import (
 BASE_DIR = Path(__file__).resolve().parent.parent
 OUT_DIR = Path(envstr("DIAG_OUT_DIR", str(BASE_DIR / "out")))
 
-# Development is the default so that `make demo` works on a fresh checkout; every
-# deployment (docker-compose.yml among them) sets DEBUG=false and its own SECRET_KEY.
-DEBUG = envbool("DEBUG", True)
+# Off unless asked for: a process that starts with no environment at all is a deployment
+# that forgot something, and it must not serve tracebacks or sign sessions with a key
+# anyone can read here. `make demo`, `make test` and the tests set DEBUG=1 themselves.
+DEBUG = envbool("DEBUG", False)
 
+# Django's own deployment check (security.W009) wants 50 characters, 5 of them distinct,
+# and not the key startproject generates; refusing such a key here means `check --deploy`
+# never has to be the one to notice.
+SECRET_KEY_MIN_LENGTH = 50
+SECRET_KEY_MIN_DISTINCT = 5
 _secret = envstr("SECRET_KEY", "")
-if not _secret:
-    if not DEBUG:
-        raise ImproperlyConfigured(
-            "SECRET_KEY is not set; with DEBUG=false set SECRET_KEY to a long random string "
-            "(python -c 'import secrets; print(secrets.token_urlsafe(50))')"
-        )
-    _secret = "development-only-key-never-used-with-debug-off"  # noqa: S105
-SECRET_KEY = _secret
+if not DEBUG and (len(_secret) < SECRET_KEY_MIN_LENGTH or len(set(_secret)) < SECRET_KEY_MIN_DISTINCT
+                  or _secret.startswith("django-insecure-")):
+    _problem = (
+        "is not set" if not _secret
+        else "is Django's generated development key" if _secret.startswith("django-insecure-")
+        else f"has {len(_secret)} characters, {len(set(_secret))} of them distinct"
+    )
+    raise ImproperlyConfigured(
+        f"SECRET_KEY {_problem}: with DEBUG off it must be a random string of at least "
+        f"{SECRET_KEY_MIN_LENGTH} characters "
+        "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))'), or set DEBUG=1 for development"
+    )
+# Only a development process (DEBUG=1 said out loud) may fall back to this public key.
+SECRET_KEY = _secret or "development-only-key-never-used-with-debug-off"
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])

@@ -1,5 +1,10 @@
-"""Admin for jobs, stage runs, findings, measurements, lab leases and the dashboard's
-records (finding edits, lab health), the latter read-only."""
+"""Admin for jobs, stage runs, findings, measurements, lab leases, report versions and the
+dashboard's records (finding edits, lab health): every one of them read-only.
+
+A job's status, its stages' results and its findings are what the report and the money-back
+decision are made of; they change only through the paths that keep a record (the
+orchestrator, the staff dashboard's kept edits and approvals), never by a form here.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +25,19 @@ from diagnostic.jobs.models import (
 )
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shown to staff, never added, changed or deleted here (a POST is refused with 403)."""
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
 class StageRunInline(admin.TabularInline):
     model = StageRun
     extra = 0
@@ -30,59 +48,50 @@ class StageRunInline(admin.TabularInline):
     readonly_fields = fields
     can_delete = False
 
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
 
 @admin.register(DiagnosticJob)
-class DiagnosticJobAdmin(admin.ModelAdmin):
+class DiagnosticJobAdmin(ReadOnlyAdmin):
     list_display = ("id", "lab", "status", "created_at", "finished_at")
     list_filter = ("status", "lab")
     list_select_related = ("lab",)
-    readonly_fields = ("id", "created_at", "started_at", "finished_at")
     inlines = (StageRunInline,)
 
 
 @admin.register(StageRun)
-class StageRunAdmin(admin.ModelAdmin):
+class StageRunAdmin(ReadOnlyAdmin):
     list_display = ("job", "order", "name", "status", "attempts", "lease_owner", "lease_expires_at")
     list_filter = ("status", "name")
     search_fields = ("job__id",)
 
 
 @admin.register(Finding)
-class FindingAdmin(admin.ModelAdmin):
+class FindingAdmin(ReadOnlyAdmin):
     list_display = ("code", "title", "job", "blocking")
     list_filter = ("code", "blocking")
     search_fields = ("code", "title")
 
 
 @admin.register(Measurement)
-class MeasurementAdmin(admin.ModelAdmin):
+class MeasurementAdmin(ReadOnlyAdmin):
     list_display = ("job", "workload", "configuration", "n", "mean_tps", "ci95_low", "ci95_high")
     list_filter = ("workload",)
 
 
 @admin.register(LabLease)
-class LabLeaseAdmin(admin.ModelAdmin):
+class LabLeaseAdmin(ReadOnlyAdmin):
     list_display = ("lab", "job", "owner", "expires_at")
 
 
 @admin.register(ReportVersion)
-class ReportVersionAdmin(admin.ModelAdmin):
+class ReportVersionAdmin(ReadOnlyAdmin):
     list_display = ("job", "digest", "pages", "created_at", "approved_at", "approved_by")
     list_filter = ("approved_at",)
-    readonly_fields = ("job", "digest", "pdf_path", "pages", "created_at")
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Records the dashboard keeps (edits, health polls): shown, never changed here."""
-
-    def has_add_permission(self, request: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(FindingEdit)

@@ -1,5 +1,8 @@
 """The settings module as a deployment sees it: loaded in a fresh interpreter with a
-given environment, it either configures every outside system or refuses to start."""
+given environment, it either configures every outside system or refuses to start.
+
+Nothing set means production: DEBUG off, and no start without a real SECRET_KEY. Only a
+process that says DEBUG=1 gets the development conveniences."""
 
 from __future__ import annotations
 
@@ -16,11 +19,16 @@ from diagnostic.celery import app
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = (
-    "import json, diagnostic.settings as s; print(json.dumps({"
+    "import json, diagnostic.settings as s, django.conf.global_settings as g; print(json.dumps({"
     "'eager': s.CELERY_TASK_ALWAYS_EAGER, 'broker': s.CELERY_BROKER_URL, "
     "'db': s.DATABASES['default']['ENGINE'], 'db_name': str(s.DATABASES['default']['NAME']), "
-    "'email': s.EMAIL_BACKEND, 'email_host': s.EMAIL_HOST, 'debug': s.DEBUG}))"
+    "'email': s.EMAIL_BACKEND, 'email_host': s.EMAIL_HOST, 'debug': s.DEBUG, "
+    "'secure': [getattr(s, n, getattr(g, n)) for n in ('SESSION_COOKIE_SECURE', 'CSRF_COOKIE_SECURE', "
+    "'SECURE_SSL_REDIRECT', 'SECURE_HSTS_SECONDS', 'SECURE_HSTS_INCLUDE_SUBDOMAINS')]}))"
 )
+# A key as the docker-compose header makes one (secrets.token_urlsafe(50)), fixed here.
+PRODUCTION_KEY = "kQ3v-9zJ_pX7wLr2NcT8bY5mHdG1sAeF4uV6oKiZ0qWjRtEyUxCnBlMgPhSaDfIo"
+
 CLEARED = ("DATABASE_URL", "CELERY_BROKER_URL", "EMAIL_URL", "EMAIL_HOST", "SECRET_KEY", "DEBUG", "DIAG_DB")
 
 
@@ -33,8 +41,8 @@ def load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str
     )
 
 
-def test_a_bare_checkout_uses_sqlite_eager_celery_and_file_email(tmp_path: Path) -> None:
-    done = load_settings(tmp_path)
+def test_a_development_checkout_uses_sqlite_eager_celery_and_file_email(tmp_path: Path) -> None:
+    done = load_settings(tmp_path, DEBUG="1")
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["eager"] is True
@@ -46,6 +54,7 @@ def test_a_bare_checkout_uses_sqlite_eager_celery_and_file_email(tmp_path: Path)
 def test_outside_systems_are_switched_on_by_one_variable_each(tmp_path: Path) -> None:
     done = load_settings(
         tmp_path,
+        DEBUG="1",
         DATABASE_URL="postgres://postgres@127.0.0.1:5432/diagnostic",
         CELERY_BROKER_URL="redis://127.0.0.1:6379/0",
         EMAIL_URL="smtp+tls://u:p@mail.example:587",
@@ -59,20 +68,48 @@ def test_outside_systems_are_switched_on_by_one_variable_each(tmp_path: Path) ->
 
 
 def test_diag_db_moves_the_sqlite_file(tmp_path: Path) -> None:
-    done = load_settings(tmp_path, DIAG_DB=str(tmp_path / "elsewhere" / "d.sqlite3"))
+    done = load_settings(tmp_path, DEBUG="1", DIAG_DB=str(tmp_path / "elsewhere" / "d.sqlite3"))
     assert json.loads(done.stdout)["db_name"] == str(tmp_path / "elsewhere" / "d.sqlite3")
 
 
-def test_it_refuses_to_start_without_secret_key_when_debug_is_off(tmp_path: Path) -> None:
-    done = load_settings(tmp_path, DEBUG="false")
+def test_an_empty_environment_is_production_and_refuses_to_start_without_a_key(tmp_path: Path) -> None:
+    done = load_settings(tmp_path)
     assert done.returncode != 0
-    assert "SECRET_KEY is not set" in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "SECRET_KEY is not set" in last
+    assert "at least 50 characters" in last and "DEBUG=1" in last
 
 
-def test_it_starts_with_debug_off_when_secret_key_is_given(tmp_path: Path) -> None:
-    done = load_settings(tmp_path, DEBUG="false", SECRET_KEY="x" * 50)
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [
+        (PRODUCTION_KEY[:49], "has 49 characters, "),
+        ("x" * 50, "has 50 characters, 1 of them distinct"),
+        ("abcd" * 20, "has 80 characters, 4 of them distinct"),
+        ("django-insecure-" + PRODUCTION_KEY, "is Django's generated development key"),
+    ],
+)
+def test_a_weak_secret_key_is_refused_when_debug_is_off(tmp_path: Path, key: str, problem: str) -> None:
+    for debug in ({}, {"DEBUG": "0"}):
+        done = load_settings(tmp_path, SECRET_KEY=key, **debug)
+        assert done.returncode != 0
+        assert f"SECRET_KEY {problem}" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_real_key_starts_production_with_https_only_cookies_and_hsts(tmp_path: Path) -> None:
+    done = load_settings(tmp_path, SECRET_KEY=PRODUCTION_KEY)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["debug"] is False
+    seen = json.loads(done.stdout)
+    assert seen["debug"] is False
+    assert seen["secure"] == [True, True, True, 31536000, True]
+
+
+def test_debug_on_needs_no_key_and_drops_the_https_only_settings(tmp_path: Path) -> None:
+    done = load_settings(tmp_path, DEBUG="1")
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["debug"] is True
+    assert seen["secure"] == [False, False, False, 0, False]
 
 
 def test_it_refuses_a_debug_value_that_is_not_a_boolean(tmp_path: Path) -> None:
@@ -82,7 +119,8 @@ def test_it_refuses_a_debug_value_that_is_not_a_boolean(tmp_path: Path) -> None:
 
 
 def test_it_refuses_a_visibility_timeout_shorter_than_the_stage_time_limit(tmp_path: Path) -> None:
-    done = load_settings(tmp_path, DIAG_VISIBILITY_TIMEOUT_S="3600", DIAG_STAGE_TIME_LIMIT_S="5400")
+    done = load_settings(
+        tmp_path, DEBUG="1", DIAG_VISIBILITY_TIMEOUT_S="3600", DIAG_STAGE_TIME_LIMIT_S="5400")
     assert done.returncode != 0
     assert "DIAG_VISIBILITY_TIMEOUT_S=3600 must exceed the stage time limit" in done.stderr
 

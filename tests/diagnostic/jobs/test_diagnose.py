@@ -58,11 +58,23 @@ def test_it_reproduces_the_reference_configuration_and_writes_findings(
     assert document["cold_start"]["after_s"] is None
     assert (document["fp4"], document["speculative"], document["measurement"]) == (None, None, None)
     assert document["config"]["parallel"]["tp"] == 8
-    assert document["findings"] == []
+    # The out-of-box configuration's own problems (weight loading, the JIT compile, the
+    # rendezvous, FP4 dispatch, speculative k) are for triage, fp4 and specdec, which this
+    # run leaves out. What preflight and reproduce can say is that the lab and the start
+    # were sound: nothing blocking, nothing of the lab's, no context that does not fit.
+    assert not [f["code"] for f in document["findings"]
+                if f["blocking"] or f["code"].startswith("lab.") or f["code"] == "load.kv_budget"]
     assert "reproduce    succeeded" in printed
     assert (out / "logs" / "01-reproduce.log").read_text().count("Loading safetensors checkpoint shards") > 3
 
     job = DiagnosticJob.objects.get(pk=document["job"]["id"])
+    # Every finding there is came from a stage that ran, and the report does not present
+    # the stages left out as clean: each of their sections says it was not run.
+    assert not job.finding_set.exclude(stage__name__in=["preflight", "reproduce", "report"]).exists()
+    assert job.finding_set.count() == len(document["findings"])
+    text = squash(pdf_text(out / "report.pdf", layout=False))
+    for section in ("3.2 FP4 correctness", "3.3 Speculative decoding", "3.4 Delivered throughput"):
+        assert f"{section} Not run in this engagement." in text
     reproduce = job.stage_runs.get(name="reproduce").result
     assert reproduce["endpoint"].startswith("http://127.0.0.1:")
     assert len(reproduce["launch"]) == 8

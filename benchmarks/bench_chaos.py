@@ -180,9 +180,9 @@ def one_run(number: int, fault: Fault, services: Services, root: Path) -> Row:
             row.reason = job["status_message"] or (stage["last_error"] or "")
             if stage["status"] != "succeeded":
                 row.reason += f" ({stage['message'] or stage['last_error']})"
-        except AssertionError as failed:
+        except (AssertionError, RuntimeError) as failed:
             row.checks = "FAILED"
-            row.reason = str(failed).splitlines()[0][:200]
+            row.reason = " ".join(str(failed).split())[:300]
         finally:
             if services.redis.process is None:
                 services.redis.start()

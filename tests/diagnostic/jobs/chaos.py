@@ -38,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
+# The children are development processes (as under pytest, tests/environment.py): the
+# settings then need no SECRET_KEY.
+DEVELOPMENT = {"DEBUG": os.environ.get("DEBUG", "1")}
 CHAOS_STAGES = ("chaos_first", "chaos_slow")
 AFTER_REPORT = ("chaos_deliver",)
 
@@ -222,6 +225,7 @@ class Services:
                 **os.environ,
                 "DATABASE_URL": postgres.url(services.template),
                 "CELERY_BROKER_URL": redis.url,
+                **DEVELOPMENT,
             }
             subprocess.run(
                 [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
@@ -290,19 +294,22 @@ class Scenario:
             "CHAOS_MAIL_DIR": str(self.mail_dir),
             "CHAOS_SLOW_S": str(self.slow_s),
             "LOG_LEVEL": "INFO",
+            **DEVELOPMENT,
             **self.extra_env,
         }
 
     def command(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        done = subprocess.run(
             [sys.executable, "-m", "tests.diagnostic.jobs.chaos", *argv],
             cwd=REPO,
             env=self.env(),
             capture_output=True,
             text=True,
-            check=check,
             timeout=120,
         )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"chaos {argv[0]} exited with {done.returncode}: {done.stderr[-1500:]}")
+        return done
 
     def start_worker(self, name: str = "w") -> subprocess.Popen[bytes]:
         log = (self.root / f"worker-{name}-{len(self.workers)}.log").open("w")

@@ -21,7 +21,10 @@ TEMPLATES = REPO / "templates"
 
 
 def production_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "DATABASE_URL", "DIAG_DB")}
+    # DJANGO_ALLOW_ASYNC_UNSAFE: the browser tier sets it for the test process; a deployment
+    # never has it, and check --deploy rightly warns about it.
+    dropped = ("DEBUG", "DATABASE_URL", "DIAG_DB", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update(
         DEBUG="0",
         SECRET_KEY="x" * 64 + "-production-probe-key",

@@ -150,15 +150,19 @@ def interval_of(impact: Mapping[str, Any]) -> tuple[float, float] | None:
 
 
 def measured_differences(findings: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """The tuned-minus-customer delivered-rate differences the measure stage wrote, per
-    workload: the day's before/after, each with its Welch 95 % interval."""
+    """The tuned-minus-customer differences the measure stage wrote: delivered rate per
+    workload and the cold start, the day's before/after, each with its Welch 95 % interval."""
+    out: list[tuple[str, Mapping[str, Any]]] = []
     measurement = findings.get("measurement")
-    if not isinstance(measurement, Mapping):
-        return []
-    difference = measurement.get("difference")
-    if not isinstance(difference, Mapping):
-        return []
-    return [(str(w), d) for w, d in sorted(difference.items()) if isinstance(d, Mapping)]
+    difference = measurement.get("difference") if isinstance(measurement, Mapping) else None
+    if isinstance(difference, Mapping):
+        out += [(str(w), d) for w, d in sorted(difference.items()) if isinstance(d, Mapping)]
+    # The day's cold start, customer's true cold starts against the tuned configuration's.
+    cold = findings.get("cold_start")
+    cold_diff = cold.get("difference") if isinstance(cold, Mapping) else None
+    if isinstance(cold_diff, Mapping):
+        out.append(("cold_start", cold_diff))
+    return out
 
 
 def judge_improvement(code: str, impact: Mapping[str, Any]) -> Improvement:
@@ -210,18 +214,22 @@ def lab_day_of(findings: Mapping[str, Any]) -> dt.date | None:
 
 
 TUNED_DIFFERENCE = "measurement.difference."
+COLD_START_DIFFERENCE = "cold_start.difference"
 
 
 def _improvement_names(shown: Sequence[Improvement]) -> str:
     """The findings that show an improvement, by code, and the tuned configuration's measured
     rates in words (their codes are the findings.json path they come from)."""
-    codes = sorted({i.code for i in shown if not i.code.startswith(TUNED_DIFFERENCE)})
+    codes = sorted({i.code for i in shown
+                    if not i.code.startswith(TUNED_DIFFERENCE) and i.code != COLD_START_DIFFERENCE})
     workloads = sorted(
         {i.code.removeprefix(TUNED_DIFFERENCE) for i in shown if i.code.startswith(TUNED_DIFFERENCE)}
     )
     if workloads:
         rates = " and ".join(workloads)
         codes.append(f"the tuned configuration's {rates} decode rate{'s' if len(workloads) > 1 else ''}")
+    if any(i.code == COLD_START_DIFFERENCE for i in shown):
+        codes.append("the tuned configuration's cold start")
     return ", ".join(codes)
 
 
@@ -271,8 +279,9 @@ def assess(
     improvements = tuple(
         judge_improvement(str(f.get("code", "")), impact) for f in found for impact in impacts_of(f)
     ) + tuple(
-        judge_improvement(f"{TUNED_DIFFERENCE}{workload}", {**diff, "better": "higher"})
-        for workload, diff in measured_differences(findings)
+        judge_improvement(COLD_START_DIFFERENCE if key == "cold_start" else f"{TUNED_DIFFERENCE}{key}",
+                          {"better": "higher", **diff})
+        for key, diff in measured_differences(findings)
     )
     shown = [i for i in improvements if i.demonstrated]
     if shown:

@@ -195,3 +195,17 @@ def test_the_measured_before_and_after_counts_only_where_its_interval_excludes_z
     decision = assess(document, as_of=ON_TIME)
     assert decision.eligible is False
     assert [i.code for i in decision.improvements if i.demonstrated] == ["measurement.difference.prose"]
+
+
+def test_the_days_cold_start_counts_when_its_interval_is_below_zero(findings: dict[str, Any]) -> None:
+    document = _with_impacts(findings)
+    document["measurement"] = {k: v for k, v in document["measurement"].items() if k != "difference"}
+    document["cold_start"] = {**document["cold_start"], "difference": {
+        "metric": "cold_start_s", "better": "lower", "before": 559.5, "after": 146.0, "diff": -413.5,
+        "ci95": [-430.0, -397.0], "p": 1e-4,
+    }}
+    decision = assess(document, as_of=ON_TIME)
+    assert decision.eligible is False
+    assert [i.code for i in decision.improvements if i.demonstrated] == ["cold_start.difference"]
+    document["cold_start"]["difference"]["ci95"] = [-900.0, 60.0]
+    assert assess(document, as_of=ON_TIME).eligible is True

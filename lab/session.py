@@ -161,6 +161,7 @@ class LabSession:
         self.ssh = LabSSH(self.inventory)
         self._agent_ready: set[str] = set()
         self._tokenizer_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._tokenizer: Path | None = None
         self._launched: list[str] = []
 
     @classmethod
@@ -172,6 +173,7 @@ class LabSession:
         if self._tokenizer_dir is not None:
             self._tokenizer_dir.cleanup()
             self._tokenizer_dir = None
+        self._tokenizer = None
 
     def __enter__(self) -> LabSession:
         return self
@@ -318,7 +320,7 @@ class LabSession:
         names = self._names(nodes)
 
         def start(conn: NodeConnection) -> dict[str, Any]:
-            conn.makedirs(f"{conn.node.work_dir}/telemetry")
+            conn.makedirs(f"{conn.node.work_dir}/telemetry")  # one round trip once it exists
             return self._agent_call(
                 conn, ["sampler", "start", "--out", self._sampler_file(conn.node),
                        "--interval", f"{interval_s:.6g}"], AGENT_TIMEOUT_S)
@@ -406,19 +408,30 @@ class LabSession:
         """
         nodes = self.nodes_for(config)
         specs = self.specs_for(config)
-        self.stop()
-        if cold:
-            self.drop_caches(nodes)
         by_node = {n.name: n for n in nodes}
 
-        def place(conn: NodeConnection) -> None:
+        def prepare(conn: NodeConnection) -> None:
+            # Every node in one parallel round, each doing its own steps in turn: stop any
+            # engine (on every node of the lab: a rank of another configuration would hold
+            # its GPU), then, on the nodes this configuration uses, drop the page cache for
+            # a cold start and place the launch spec. One round instead of three: on a
+            # simulated lab each round's slowest round trip is stretched into lab time.
             node = conn.node
+            try:
+                self._agent_call(conn, ["stop"], AGENT_TIMEOUT_S)
+            except Exception as exc:
+                # As `stop`: a node we do not need may be down; one we need fails below.
+                log.info("launch: stopping the engine on %s failed: %s", node.name, exc)
+            if node.name not in by_node:
+                return
+            if cold:
+                self._agent_call(conn, ["drop-caches"], AGENT_TIMEOUT_S)
             spec = next(s for s in specs if s["node"] == node.name)
-            conn.makedirs(f"{node.work_dir}/launch")
-            conn.makedirs(str(Path(spec["log_file"]).parent))
+            conn.makedirs(f"{node.work_dir}/launch", str(Path(spec["log_file"]).parent))
             conn.put_bytes(spec_bytes(spec), f"{node.work_dir}/launch/spec.json")
 
-        _raise_first(self.ssh.each(place, list(by_node)))
+        prepared = self.ssh.each(prepare, self._names(None))
+        _raise_first({name: value for name, value in prepared.items() if name in by_node})
         try:
             return self._start_and_wait(nodes, specs, timeout_s, cold=cold)
         except BaseException:
@@ -552,18 +565,27 @@ class LabSession:
         path = self.log_file(target)
         if tail_bytes is not None:
             size = int(self.agent(target.name, "logs", "--file", path, "--since", "0", "--max", "0")["size"])
+            if tail_bytes <= 0:
+                # Where the log ends now (what a later read starts from): nothing more to ask.
+                return LogChunk(target.name, path, size, size, size, "")
             since = max(0, size - tail_bytes)
         data = self.agent(target.name, "logs", "--file", path, "--since", str(since), "--max", str(max_bytes))
         return LogChunk(target.name, path, int(data["offset"]), int(data["next_offset"]),
                         int(data["size"]), str(data["text"]))
 
     def tokenizer_path(self, cache_dir: Path | None = None) -> Path:
-        """A local copy of the model's tokenizer from the head node's model directory."""
+        """A local copy of the model's tokenizer from the head node's model directory.
+
+        Without `cache_dir`, the session's own copy: fetched once, then reused (every
+        measurement asks for it, and the model directory does not change under a session)."""
         head = self.inventory.head
         if cache_dir is None:
+            if self._tokenizer is not None and self._tokenizer.is_file():
+                return self._tokenizer
             if self._tokenizer_dir is None:
                 self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="diag-tokenizer-")
-            cache_dir = Path(self._tokenizer_dir.name)
+            self._tokenizer = self.tokenizer_path(Path(self._tokenizer_dir.name))
+            return self._tokenizer
         dest_dir = Path(cache_dir)
         dest_dir.mkdir(parents=True, exist_ok=True)
         conn = self.ssh[head.name]

@@ -375,8 +375,16 @@ class NodeConnection:
 
         return self._with_retries(what, attempt)
 
-    def makedirs(self, remote_dir: str) -> None:
-        def op(sftp: paramiko.SFTPClient) -> None:
+    def makedirs(self, *remote_dirs: str) -> None:
+        """Create each folder and its parents, in one SFTP session. A folder that is already
+        there costs one round trip (its own stat), not one per path component: on a
+        simulated lab every round trip is stretched by the dilation into lab time."""
+        def make(sftp: paramiko.SFTPClient, remote_dir: str) -> None:
+            try:
+                sftp.stat(remote_dir)
+                return
+            except FileNotFoundError:
+                pass
             path = ""
             for part in [p for p in remote_dir.split("/") if p]:
                 path += "/" + part
@@ -385,7 +393,11 @@ class NodeConnection:
                 except FileNotFoundError:
                     sftp.mkdir(path)
 
-        self._sftp(f"creating {remote_dir}", op)
+        def op(sftp: paramiko.SFTPClient) -> None:
+            for remote_dir in remote_dirs:
+                make(sftp, remote_dir)
+
+        self._sftp(f"creating {', '.join(remote_dirs)}", op)
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
         def op(sftp: paramiko.SFTPClient) -> None:

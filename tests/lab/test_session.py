@@ -126,6 +126,31 @@ def test_it_fetches_the_tokenizer_from_the_model_directory(session: LabSession, 
     assert json.loads(path.read_text())["model"]["type"] == "BPE"
 
 
+def test_the_sessions_own_tokenizer_copy_is_fetched_once(session: LabSession, sshd: Sshd) -> None:
+    first = session.tokenizer_path()
+    (sshd.root / "models" / "tokenizer.json").write_text('{"model": {"type": "changed"}}')
+    again = session.tokenizer_path()
+    assert again == first and json.loads(again.read_text())["model"]["type"] == "BPE"
+    session.close()  # the copy goes with the session; a new one is fetched afterwards
+    assert not first.exists()
+    assert json.loads(session.tokenizer_path().read_text())["model"]["type"] == "changed"
+
+
+def test_the_end_of_a_log_is_one_agent_call(session: LabSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    session.launch(one_node_config(), cold=False, timeout_s=60)
+    verbs: list[tuple[str, ...]] = []
+    real = session.agent
+
+    def counted(node: str, *args: str, **kw: float) -> dict[str, object]:
+        verbs.append(args)
+        return real(node, *args, **kw)
+
+    monkeypatch.setattr(session, "agent", counted)
+    end = session.logs(tail_bytes=0)
+    assert len(verbs) == 1 and end.text == "" and end.offset == end.next_offset == end.size > 0
+    assert "Starting vLLM API server" in session.logs(tail_bytes=end.size).text
+
+
 def test_it_knows_which_configuration_the_node_runs_from_the_agents_spec_hash(session: LabSession) -> None:
     eagle = {"method": "eagle3", "draft_model": "AQ-MedAI/Kimi-K2-Instruct-eagle3"}
     ours = one_node_config({**eagle, "num_speculative_tokens": 4})

@@ -154,6 +154,16 @@ def test_it_copies_files_both_ways(sshd: Sshd) -> None:
     assert Path(remote).stat().st_mode & 0o777 == 0o600
 
 
+def test_it_creates_several_folders_in_one_call_and_again_without_error(sshd: Sshd) -> None:
+    first, second = sshd.root / "work" / "a" / "b", sshd.root / "work" / "logs"
+    with connect(sshd) as conn:
+        conn.makedirs(str(first), str(second))
+        assert first.is_dir() and second.is_dir()
+        (first / "kept").write_text("x")
+        conn.makedirs(str(first), str(second))  # already there: nothing changes
+    assert (first / "kept").read_text() == "x"
+
+
 def test_it_runs_the_same_command_on_all_nodes_concurrently(sshd: Sshd) -> None:
     inv = sshd.inventory()
     lab = LabSSH(inv)

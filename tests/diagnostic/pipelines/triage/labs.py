@@ -89,8 +89,9 @@ class InProcessConnection:
         return Result(self.node.name, tuple(argv), answer.exit_status, answer.stdout.encode(),
                       answer.stderr.encode())
 
-    def makedirs(self, remote_dir: str) -> None:
-        self.sim.host_path(remote_dir).mkdir(parents=True, exist_ok=True)
+    def makedirs(self, *remote_dirs: str) -> None:
+        for remote_dir in remote_dirs:
+            self.sim.host_path(remote_dir).mkdir(parents=True, exist_ok=True)
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
         path = self.sim.host_path(remote_path)

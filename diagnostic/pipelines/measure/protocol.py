@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 
 MEASUREMENT_SCHEMA = "diagnostic.measurement/1"
 LogSource = Callable[[], "str | Iterable[str]"]
+# The wait after a workload's last run, on a lab session, in lab seconds: a single stream's
+# server notices a disconnect at its next step (tens of milliseconds) and an orphan still
+# generating shows dozens of tokens within it. On a simulated lab a fixed wall wait would be
+# `dilation` times longer in lab time, which the lab day pays for; the wall floor keeps the
+# wait long enough to be scheduled at all on a fast simulated lab.
+SETTLE_LAB_S = 2.0
+SETTLE_MIN_WALL_S = 0.05
 
 
 class MeasurementError(RuntimeError):
@@ -231,8 +238,10 @@ def session_log_source(session: LabSession, node: str | None = None) -> LogSourc
 
 def measure_on_session(session: LabSession, *, engine: str = "vllm", **options: Any) -> dict[str, Any]:
     """`measure_endpoint` against the engine a lab session launched: its endpoint, tokenizer,
-    /metrics, head-node log, and its clock for lab time. `options` go to measure_endpoint."""
+    /metrics, head-node log, and its clock for lab time. `options` go to measure_endpoint;
+    without `settle_s` the settle wait is SETTLE_LAB_S of the session's lab time."""
     endpoint = session.endpoint
+    options.setdefault("settle_s", max(SETTLE_MIN_WALL_S, session.clock.wall_seconds(SETTLE_LAB_S)))
     return measure_endpoint(
         endpoint,
         tokenizer_path=options.pop("tokenizer_path", None) or session.tokenizer_path(),

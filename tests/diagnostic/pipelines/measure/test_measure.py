@@ -10,6 +10,7 @@ import pytest
 
 from diagnostic.jobs.findings import findings_schema
 from diagnostic.pipelines.client import EndpointError, StreamClient
+from diagnostic.pipelines.measure import protocol
 from diagnostic.pipelines.measure.claim import CAUSES
 from diagnostic.pipelines.measure.protocol import MeasurementError, measure_endpoint, measure_on_session
 from diagnostic.pipelines.stats import compare
@@ -269,3 +270,25 @@ def test_a_lab_session_supplies_endpoint_tokenizer_metrics_log_and_clock(
     assert result["code"]["mean_tps"] == pytest.approx(2.5 / 0.3, rel=0.03)
     assert result["code"]["server_claim"]["log"]["windows"] >= 1
     assert result["code"]["server_claim"]["metrics"]["ratio"] > 1.5
+
+
+def test_on_a_lab_session_the_settle_wait_is_lab_time(
+    tokenizer_path: Path, pieces: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without settle_s the wait after each workload is SETTLE_LAB_S of the session's lab
+    time (a wall second would be `dilation` lab seconds on a simulated lab), never below
+    the wall floor."""
+    seen: list[float] = []
+
+    def fake_endpoint(endpoint: str, **options: Any) -> dict[str, Any]:
+        seen.append(options["settle_s"])
+        return {}
+
+    monkeypatch.setattr(protocol, "measure_endpoint", fake_endpoint)
+    plan = ServerPlan(pieces=pieces, step_s=0.3, ttft_s=0.5, tokens_per_step=(1,), k=0, dilation=30)
+    with serving(plan) as server:
+        session = _Session(server, tokenizer_path)
+        protocol.measure_on_session(session, workloads=["code"])
+        protocol.measure_on_session(session, workloads=["code"], settle_s=0.7)
+    assert seen[0] == pytest.approx(max(protocol.SETTLE_MIN_WALL_S, protocol.SETTLE_LAB_S / 30))
+    assert seen[0] < 0.1 and seen[1] == 0.7

@@ -8,18 +8,22 @@ from typing import Any
 
 from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import register_stage
-from diagnostic.jobs.stages.serving import ensure_serving
 from diagnostic.pipelines.specdec import run_specdec
+from diagnostic.pipelines.specdec.pipeline import DEFAULT_BUDGET_LAB_S
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    ensure_serving(ctx)
+    # No ensure_serving: every trial of the search is an engine restart of its own (the
+    # first, the customer's setting, included), so starting the configuration first would
+    # be a restart whose engine nobody measures.
     result = run_specdec(
         ctx.session,
         ctx.config,
         log=ctx.log,
         progress=ctx.progress,
         check_cancelled=ctx.check_cancelled,
+        # The stage's share of the day, and never more than the search's own bound.
+        budget_lab_s=min(ctx.budget_lab_s, DEFAULT_BUDGET_LAB_S),
     )
     for finding in result["findings"]:
         ctx.add_finding(

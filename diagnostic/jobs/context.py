@@ -226,6 +226,19 @@ class StageContext:
         self.findings.append(FindingDraft(code, title, evidence, change or {}, impact, blocking))
         self.log(f"finding {code}: {title}")
 
+    def add_findings(self, findings: list[dict[str, Any]]) -> None:
+        """Record the findings a pipeline returned, in its shape ({code, title, evidence,
+        change, impact, blocking})."""
+        for finding in findings:
+            self.add_finding(
+                finding["code"],
+                finding["title"],
+                evidence=finding.get("evidence", {}),
+                change=finding.get("change"),
+                impact=finding.get("impact"),
+                blocking=bool(finding.get("blocking", False)),
+            )
+
     def add_measurement(
         self,
         *,

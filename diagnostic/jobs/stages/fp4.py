@@ -22,15 +22,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         check_cancelled=ctx.check_cancelled,
         budget_lab_s=ctx.budget_lab_s,
     )
-    for finding in result["findings"]:
-        ctx.add_finding(
-            finding["code"],
-            finding["title"],
-            evidence=finding.get("evidence", {}),
-            change=finding.get("change"),
-            impact=finding.get("impact"),
-            blocking=bool(finding.get("blocking", False)),
-        )
+    ctx.add_findings(result["findings"])
     return {
         "sections": {"fp4": result["section"]},
         "config_changes": result["config_changes"],

@@ -40,14 +40,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ensure_serving(ctx, customer)
     ctx.progress(5, "measuring the customer's configuration: delivered tokens, single stream")
     section = _measure(ctx, customer, CUSTOMER, workloads)
-    for finding in section.pop("findings", []):
-        ctx.add_finding(
-            finding["code"],
-            finding["title"],
-            evidence=finding.get("evidence", {}),
-            change=finding.get("change"),
-            impact=finding.get("impact"),
-        )
+    ctx.add_findings(section.pop("findings", []))
     ctx.check_cancelled()
     facts = ctx.session.facts()
     bounds = {CUSTOMER: _roofline(customer, facts, section, workloads)}

@@ -25,15 +25,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         # The stage's share of the day, and never more than the search's own bound.
         budget_lab_s=min(ctx.budget_lab_s, DEFAULT_BUDGET_LAB_S),
     )
-    for finding in result["findings"]:
-        ctx.add_finding(
-            finding["code"],
-            finding["title"],
-            evidence=finding.get("evidence", {}),
-            change=finding.get("change"),
-            impact=finding.get("impact"),
-            blocking=bool(finding.get("blocking", False)),
-        )
+    ctx.add_findings(result["findings"])
     return {
         "sections": {"speculative": result["section"]},
         "config_changes": result["config_changes"],

@@ -51,15 +51,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         baseline_repeats=max(repeats, BASELINE_COLD_STARTS),
         budget_lab_s=budget,
     )
-    for finding in result["findings"]:
-        ctx.add_finding(
-            finding["code"],
-            finding["title"],
-            evidence=finding.get("evidence", {}),
-            change=finding.get("change"),
-            impact=finding.get("impact"),
-            blocking=bool(finding.get("blocking", False)),
-        )
+    ctx.add_findings(result["findings"])
     return {
         "sections": {"cold_start": result["section"]},
         "config_changes": result["config_changes"],

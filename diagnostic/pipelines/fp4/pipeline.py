@@ -488,30 +488,14 @@ def _discover(stage: _Stage, layers: list[str]) -> tuple[list[str], dict[str, An
 
 
 def _try_candidate(stage: _Stage, backend: str, layers: list[str], cc: str | None) -> dict[str, Any]:
+    skip = None
     if not all(bk.expressible(stage.engine, layer, backend) for layer in layers):
-        return _candidate_record(
-            stage,
-            backend,
-            launch=None,
-            checks=None,
-            rate=None,
-            cc=cc,
-            expressed=None,
-            status="skipped",
-            reason=f"the configuration has no field that selects it for {'/'.join(layers)} on {stage.engine}",
-        )
-    if stage.over_budget():
-        return _candidate_record(
-            stage,
-            backend,
-            launch=None,
-            checks=None,
-            rate=None,
-            cc=cc,
-            expressed=None,
-            status="skipped",
-            reason=f"the stage's lab-time budget ({stage.budget_lab_s:g} s) was spent",
-        )
+        skip = f"the configuration has no field that selects it for {'/'.join(layers)} on {stage.engine}"
+    elif stage.over_budget():
+        skip = f"the stage's lab-time budget ({stage.budget_lab_s:g} s) was spent"
+    if skip is not None:
+        return _candidate_record(stage, backend, launch=None, checks=None, rate=None, cc=cc, expressed=None,
+                                 status="skipped", reason=skip)
     expressed = bk.backend_changes(stage.config, backend, layers)
     variant = apply_changes(stage.config, expressed)
     try:

@@ -12,6 +12,9 @@ from typing import Any
 
 import yaml
 
+from diagnostic.pipelines.changes import apply_changes
+from diagnostic.pipelines.fp4 import run_fp4
+from diagnostic.pipelines.fp4.backends import backend_events, current_run
 from lab.engines import normalize_config
 from lab.session import LabSession
 from lab.sim.lab import SimLab
@@ -66,3 +69,16 @@ def lab_session(scn: Scenario, state_dir: Path) -> Iterator[tuple[SimLab, LabSes
         LabSession.open(sim.inventory_path) as session,
     ):
         yield sim, session
+
+
+def run_and_relaunch_tuned(tmp_path: Path, scn: Scenario, cfg: dict[str, Any]) -> dict[str, Any]:
+    """run_fp4 on a fresh lab of `scn`; when it changes the configuration, start the tuned one
+    and record the backends its log shows (`tuned_backends`)."""
+    with lab_session(scn, tmp_path / "lab") as (_, session):
+        session.launch(cfg, cold=False)
+        result = run_fp4(session, cfg)
+        if result["config_changes"]:
+            session.launch(apply_changes(cfg, result["config_changes"]), cold=False)
+            run = current_run(session.logs(since=0).text.splitlines())
+            result["tuned_backends"] = [e["backend"] for e in backend_events("vllm", run)]
+        return result

@@ -5,31 +5,15 @@ through an environment variable, a usual replacement that is itself broken
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from diagnostic.pipelines.changes import apply_changes
-from diagnostic.pipelines.fp4 import run_fp4
-from diagnostic.pipelines.fp4.backends import backend_events, current_run
-
-from .labs import config, lab_session, scenario
-
-
-def _run(tmp_path: Path, scn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
-    with lab_session(scn, tmp_path / "lab") as (_, session):
-        session.launch(cfg, cold=False)
-        result = run_fp4(session, cfg)
-        if result["config_changes"]:
-            session.launch(apply_changes(cfg, result["config_changes"]), cold=False)
-            run = current_run(session.logs(since=0).text.splitlines())
-            result["tuned_backends"] = [e["backend"] for e in backend_events("vllm", run)]
-        return result
+from .labs import config, run_and_relaunch_tuned, scenario
 
 
 def test_a_broken_backend_pinned_through_the_environment(tmp_path: Path) -> None:
     # The engine's own default would be sound; the customer's variable forces FlashInfer.
     scn = scenario(default="cutlass", broken=["flashinfer_cutlass"])
     cfg = config(env={"VLLM_USE_FLASHINFER_MOE_FP4": "1"})
-    result = _run(tmp_path, scn, cfg)
+    result = run_and_relaunch_tuned(tmp_path, scn, cfg)
     fp4 = result["section"]
     assert fp4["verdict"] == "garbage"
     assert fp4["backend_before"] == "flashinfer_cutlass"  # from the log, not the configuration
@@ -47,7 +31,7 @@ def test_the_usual_replacement_is_itself_broken(tmp_path: Path) -> None:
         broken=["flashinfer_cutlass", "cutlass"],
         speed={"flashinfer_cutlass": 1.0, "cutlass": 1.0, "marlin": 1.6},
     )
-    result = _run(tmp_path, scn, config())
+    result = run_and_relaunch_tuned(tmp_path, scn, config())
     fp4 = result["section"]
     by_backend = {c["backend"]: c for c in fp4["candidates"]}
     assert by_backend["cutlass"]["verdict"] == "garbage"

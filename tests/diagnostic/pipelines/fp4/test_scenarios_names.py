@@ -4,24 +4,10 @@ no correct backend at all."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from diagnostic.pipelines.changes import apply_changes
-from diagnostic.pipelines.fp4 import FINDING, run_fp4
-from diagnostic.pipelines.fp4.backends import backend_events, current_run
+from diagnostic.pipelines.fp4 import FINDING
 
-from .labs import config, lab_session, scenario
-
-
-def _run(tmp_path: Path, scn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
-    with lab_session(scn, tmp_path / "lab") as (_, session):
-        session.launch(cfg, cold=False)
-        result = run_fp4(session, cfg)
-        if result["config_changes"]:
-            session.launch(apply_changes(cfg, result["config_changes"]), cold=False)
-            run = current_run(session.logs(since=0).text.splitlines())
-            result["tuned_backends"] = [e["backend"] for e in backend_events("vllm", run)]
-        return result
+from .labs import config, run_and_relaunch_tuned, scenario
 
 
 def test_other_backend_names(tmp_path: Path) -> None:
@@ -32,7 +18,7 @@ def test_other_backend_names(tmp_path: Path) -> None:
         broken=["flashinfer_trtllm", "cutlass", "flashinfer_cutlass"],
         speed={"flashinfer_trtllm": 1.0, "cutlass": 0.9, "triton": 2.0, "marlin": 1.2},
     )
-    result = _run(tmp_path, scn, config())
+    result = run_and_relaunch_tuned(tmp_path, scn, config())
     fp4 = result["section"]
     assert fp4["backend_before"] == "flashinfer_trtllm" and fp4["verdict"] == "garbage"
     assert fp4["table_row"] is None  # the table knows nothing of it; the checks decide
@@ -44,7 +30,7 @@ def test_other_backend_names(tmp_path: Path) -> None:
 
 def test_no_correct_backend(tmp_path: Path) -> None:
     scn = scenario(default="flashinfer_cutlass", broken=["flashinfer_cutlass", "cutlass", "marlin"])
-    result = _run(tmp_path, scn, config())
+    result = run_and_relaunch_tuned(tmp_path, scn, config())
     fp4 = result["section"]
     assert fp4["verdict"] == "garbage" and fp4["backend_after"] is None and fp4["verdict_after"] is None
     assert result["config_changes"] == []

@@ -118,7 +118,10 @@ ENV_FAMILIES = ("NCCL_", "VLLM_", "SGLANG_", "SGL_", "FLASHINFER_", "CUDA_", "TO
                 "TORCHINDUCTOR_", "UCX_", "NVSHMEM_", "GLOO_", "TRITON_")
 ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
              "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
-             "NVIDIA_TF32_OVERRIDE", "MAX_JOBS")
+             "NVIDIA_TF32_OVERRIDE", "MAX_JOBS",
+             # Named one by one, so the word rule below does not apply: CUDA's lazy or
+             # eager module loading (LAZY / EAGER), which points at no code or file.
+             "CUDA_MODULE_LOADING", "CUDA_MODULE_DATA_LOADING")
 # Inside the families, a name with one of these words points the engine at code (plugins,
 # modules, libraries), at files or directories it would read or write, or at the network;
 # the lab sets those itself (NCCL_NET_PLUGIN, UCX_MODULE_DIR, TRITON_PTXAS_PATH,
@@ -138,6 +141,8 @@ def env_name_problem(name: str) -> str | None:
         families = ", ".join(f + "*" for f in ENV_FAMILIES)
         return (f"is not a variable the lab passes to an engine; accepted: {families}, "
                 f"{', '.join(ENV_NAMES)} (never LD_*, PATH, PYTHON*, HF_*, proxies or endpoints)")
+    if name in ENV_NAMES:
+        return None
     words = set(name.upper().split("_"))
     refused = [w for w in ENV_REFUSED_WORDS if w in words]
     if refused:

@@ -88,7 +88,10 @@ ENV_FAMILIES = ("NCCL_", "VLLM_", "SGLANG_", "SGL_", "FLASHINFER_", "CUDA_", "TO
                 "TORCHINDUCTOR_", "UCX_", "NVSHMEM_", "GLOO_", "TRITON_")
 ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
              "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
-             "NVIDIA_TF32_OVERRIDE", "MAX_JOBS")
+             "NVIDIA_TF32_OVERRIDE", "MAX_JOBS",
+             # Named one by one, so the word rule below does not apply: CUDA's lazy or
+             # eager module loading (LAZY / EAGER), which points at no code or file.
+             "CUDA_MODULE_LOADING", "CUDA_MODULE_DATA_LOADING")
 ENV_REFUSED_WORDS = ("PLUGIN", "PLUGINS", "MODULE", "MODULES", "LIBRARY", "LIB", "PRELOAD",
                      "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "DIRECTORY", "ROOT",
                      "HOME", "BASE", "PROXY", "ENDPOINT", "URL", "URI", "HOST", "ADDR", "PORT",
@@ -823,6 +826,8 @@ def env_name_problem(name: str) -> str | None:
     if name not in ENV_NAMES and not name.startswith(ENV_FAMILIES):
         return ("is not a variable an engine may be given; accepted: "
                 + ", ".join(f + "*" for f in ENV_FAMILIES) + ", " + ", ".join(ENV_NAMES))
+    if name in ENV_NAMES:
+        return None
     words = set(name.upper().split("_"))
     refused = [w for w in ENV_REFUSED_WORDS if w in words]
     if refused:

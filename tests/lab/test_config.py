@@ -182,6 +182,15 @@ def test_env_names_and_values_are_checked(env: dict, field: str) -> None:
     assert error_of({"env": env}).field == field
 
 
+def test_cuda_module_loading_is_named_so_the_module_word_does_not_refuse_it() -> None:
+    # CUDA_MODULE_LOADING=LAZY is a common, harmless setting; its "MODULE" is not a path.
+    env = {"CUDA_MODULE_LOADING": "LAZY", "CUDA_MODULE_DATA_LOADING": "EAGER"}
+    assert normalize_config({"env": env})["env"] == env
+    # The word rule still refuses the rest of the family's names that carry it.
+    assert error_of({"env": {"CUDA_MODULE_PATH": "/x"}}).field == "env.CUDA_MODULE_PATH"
+    assert error_of({"env": {"UCX_MODULE_DIR": "/x"}}).field == "env.UCX_MODULE_DIR"
+
+
 @pytest.mark.parametrize("name", ["VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE"])
 def test_jit_cache_variables_point_to_serving_jit_cache(name: str) -> None:
     err = error_of({"env": {name: "/cache"}})

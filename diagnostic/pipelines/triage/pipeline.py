@@ -3,8 +3,9 @@
 
 From the customer's true cold start (reproduce's, or our own when that evidence is
 missing): the per-node timeline, every stall attributed by its telemetry signature, the
-change each cause calls for derived from the lab's facts, and then the proof: each
-change alone and all of them together, a true cold start after each. A configuration
+change each cause calls for derived from the lab's facts, and then the proof: the changes
+added one at a time, cumulatively, a true cold start after each, so that each step shows
+its own signature gone and the last one is every proved change together. A configuration
 that keeps its JIT cache is measured as its users see it: the cache warmed by one start
 first, the one-time compile mentioned as a note.
 """
@@ -154,8 +155,8 @@ class Triage:
 
 
 def _proved(before: cs.ColdStart, after: cs.ColdStart, cause: str) -> bool:
-    """The signature is gone and the start is faster; with repeated starts, the 95 %
-    interval of the change also excludes zero."""
+    """The signature is gone and the start is faster than the step before it (`before`);
+    with repeated starts, the 95 % interval of the change also excludes zero."""
     gain = before.cold_start_s - after.cold_start_s
     if cause in after.causes or gain <= max(MIN_GAIN_S, MIN_GAIN_SHARE * before.cold_start_s):
         return False
@@ -197,42 +198,39 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
         except FixUnavailable as exc:
             triage.notes.append(f"{cause}: no change to try ({exc}).")
             log(f"{cause}: no change derived: {exc}")
-    alone: dict[str, cs.ColdStart] = {}
-    runs: list[tuple[str, list[Change], cs.ColdStart]] = []
-    total = max(1, len(fixes) + (1 if len(fixes) > 1 else 0))
-    for i, (cause, fix) in enumerate(fixes.items()):
+    # The waterfall: each change added to the ones proved before it, one true cold start per
+    # step, so that the last step is every proved change together and each step shows what
+    # its own change removed. A change that does not prove itself is left out of the later steps.
+    order = step_order(before, list(fixes))
+    base_config = config
+    current = before
+    proved: list[str] = []
+    runs: list[tuple[str, list[Change], cs.ColdStart, cs.ColdStart]] = []
+    for i, cause in enumerate(order):
         if triage.over_budget():
-            triage.notes.append(f"Lab-time budget spent: {cause}'s change was not proved.")
+            left = ", ".join(fixes[c].label for c in order[i:])
+            triage.notes.append(f"Lab-time budget spent: not proved: {left}.")
+            log(f"lab-time budget spent before {left}")
             break
-        progress(10 + 80 * i / total, f"proving {fix.label}")
-        started = _try_fix(triage, fix, cause)
+        progress(10 + 80 * i / max(1, len(order)), f"proving {fixes[cause].label}")
+        started = _try_fix(triage, fixes[cause], cause, base_config)
         if started is None:
             continue
         applied, start = started
         fixes[cause] = applied
-        alone[cause] = start
-        runs.append((cause, applied.changes, start))
-    proved = [c for c in fixes if c in alone and _proved(before, alone[c], c)]
-    after = before
-    all_changes: list[Change] = [ch for c in proved for ch in fixes[c].changes]
-    if len(proved) == 1:
-        after = alone[proved[0]]
-    elif len(proved) > 1:
-        if triage.over_budget():
-            triage.notes.append("Lab-time budget spent: the changes were not measured together.")
-            after = min((alone[c] for c in proved), key=lambda s: s.cold_start_s)
+        runs.append((cause, applied.changes, start, current))
+        if _proved(current, start, cause):
+            proved.append(cause)
+            base_config = apply_changes(base_config, applied.changes)
+            current = start
         else:
-            progress(10 + 80 * (total - 1) / total, "all proved changes together")
-            after = triage.cold_start(apply_changes(config, all_changes), "all changes")
-            runs.append(("all", all_changes, after))
-    elif alone:
+            why = ("its signature is still there" if cause in start.causes
+                   else "the start was not faster beyond the lab's start-to-start spread")
+            triage.notes.append(f"{applied.label}: not proved ({why}); the later steps leave it out.")
+            log(f"{applied.label}: not proved: {why}")
+    after = current
+    if fixes and not proved:
         triage.notes.append("No change was proved: the configuration's cold start is left as it is.")
-    if len(proved) == 1 and len(fixes) > 1:
-        triage.notes.append("Only one change was proved, so the run with every proved change together "
-                            "would repeat its run exactly; it was skipped.")
-    if len(proved) == 1:
-        triage.steps.append({"step": "all changes", "skipped": "would repeat the run of "
-                             f"{fixes[proved[0]].label} exactly", "lab_s": 0.0})
     progress(95, "writing the cold-start section")
     built = rp.build_result(before, after, runs, fixes, proved, triage.notes, triage.steps,
                             lab_time_s=triage.spent())
@@ -247,11 +245,20 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
     return built
 
 
-def _try_fix(triage: Triage, fix: Fix, cause: str) -> tuple[Fix, cs.ColdStart] | None:
-    """The fix's cold start alone; when the engine refuses the change, the next candidate."""
-    head = triage.session.specs_for(triage.config)[0]
+def step_order(before: cs.ColdStart, causes: list[str]) -> list[str]:
+    """The order the waterfall adds the changes in: the causes whose stalls cost the most
+    first, and a JIT-cache change last: its first start fills the kept cache, and that start
+    is shortest when every other change is already in."""
+    cost = {c: sum(g.silent_s for g in before.groups(c)) for c in causes}
+    return sorted(causes, key=lambda c: (c == JIT_COMPILE, -cost[c]))
+
+
+def _try_fix(triage: Triage, fix: Fix, cause: str, base: dict[str, Any]) -> tuple[Fix, cs.ColdStart] | None:
+    """The cold start of `base` (the changes proved so far) with the fix added; when the
+    engine refuses the change, the next candidate."""
+    head = triage.session.specs_for(base)[0]
     for candidate in [fix, *fix.alternatives]:
-        variant = apply_changes(triage.config, candidate.changes)
+        variant = apply_changes(base, candidate.changes)
         candidate.flags, candidate.env = launch_difference(head, triage.session.specs_for(variant)[0])
         try:
             return candidate, triage.cold_start(variant, candidate.label)

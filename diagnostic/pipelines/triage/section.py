@@ -8,11 +8,15 @@ The section's fields (lab seconds throughout):
   `root_causes`: the fault codes the customer's start showed; `proved`: those whose
   change removed the signature and the seconds.
 - `phases[]`: {run: before|after, node, phase, start_s, end_s}, seconds since the launch.
-- `waterfall[]`: {step, mode: baseline|alone|all, fixes (the code, or codes joined by ", "
-  for `all`), changes (config changes), n (true cold starts), samples_s, cold_start_s (their
-  mean), ci95 (n > 1), lab_s, signatures (fault codes seen in that start), delta_s and
-  delta_ci95 (against the baseline), signature_gone (alone steps)}; `before_ci95`,
-  `after_ci95` when n > 1.
+- `waterfall[]`: {step, mode: baseline | alone (the first change, on the customer's
+  configuration alone) | all (the last step, every change proved before it and its own);
+  the steps between have no mode}, fixes (the code the step adds), changes
+  (the config changes it adds), cumulative (the codes whose changes the start had: the ones
+  proved before it and its own), n (true cold starts), samples_s, cold_start_s (their mean),
+  ci95 (n > 1), lab_s, signatures (fault codes seen in that start), delta_s and delta_ci95
+  (against the baseline), step_delta_s and step_delta_ci95 (against the step it added its
+  change to), signature_gone, proved}; the last proved step is every proved change
+  together (`after_s`, `after_samples_s`); `before_ci95`, `after_ci95` when n > 1.
 - `stalls[]`: {run, node (the one whose telemetry is kept), nodes, cause (a fault code,
   `unexplained` or `evidence_incomplete`), start_s, end_s, silent_s, phase, decided_by,
   summary, telemetry {t_s, disk_read_mbps, page_cache_gib, cpu_user_pct, cpu_system_pct,
@@ -157,23 +161,29 @@ _TITLES = {
 }
 
 
-def _finding(before: ColdStart, cause: str, fix: Fix | None, run: ColdStart | None,
+def _finding(before: ColdStart, cause: str, fix: Fix | None, step: tuple[ColdStart, ColdStart] | None,
              proved: bool) -> dict[str, Any]:
+    """One cause's finding; `step` is (the start its change was added to, the start with it)."""
     evidence = _evidence(before, cause)
     seconds = float(evidence.get("stall_s") or evidence["silent_s"])
     change: dict[str, Any] | None = fix.finding_change() if fix is not None else None
     impact = None
-    if run is not None:
-        impact = {"metric": "cold_start_s", "before": round(before.cold_start_s, 1),
-                  "after": round(run.cold_start_s, 1), "n": min(len(before.samples_s), len(run.samples_s)),
-                  "unit": "s", "better": "lower"}
-        delta = _delta_ci95(before, run)
+    if step is not None:
+        base, run = step
+        # The change's own effect: the start with it against the start it was added to (the
+        # customer's, or the waterfall's step before with the changes proved earlier).
+        impact = {"metric": "cold_start_s", "before": round(base.cold_start_s, 1),
+                  "after": round(run.cold_start_s, 1), "n": min(len(base.samples_s), len(run.samples_s)),
+                  "unit": "s", "better": "lower",
+                  "against": "your configuration" if base is before
+                  else "the waterfall's step before, with the changes proved earlier"}
+        delta = _delta_ci95(base, run)
         if delta is not None:
             impact["ci95"] = delta
         evidence["signature_gone_after_fix"] = cause not in run.causes
     if change is not None and not proved:
         change["note"] = (change.get("note", "") + " Not proved on this lab: the cold start with this change "
-                          "alone did not lose the stall.").strip()
+                          "added did not lose the stall, or was not faster.").strip()
     return {"code": cause, "title": _TITLES[cause].format(s=seconds), "evidence": evidence,
             "change": change, "impact": impact, "blocking": False}
 
@@ -209,7 +219,8 @@ def _delta_ci95(before: ColdStart, after: ColdStart) -> list[float] | None:
 
 
 def waterfall_entry(step: str, start: ColdStart, *, fixes: str | None, changes: Sequence[Change], mode: str,
-                    before: ColdStart, cause: str | None = None) -> dict[str, Any]:
+                    before: ColdStart, cause: str | None = None, previous: ColdStart | None = None,
+                    cumulative: Sequence[str] = (), proved: bool | None = None) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "step": step,
         "mode": mode,
@@ -229,8 +240,16 @@ def waterfall_entry(step: str, start: ColdStart, *, fixes: str | None, changes: 
         delta = _delta_ci95(before, start)
         if delta is not None:
             entry["delta_ci95"] = delta
+    if previous is not None:
+        entry["cumulative"] = list(cumulative)
+        entry["step_delta_s"] = round(start.cold_start_s - previous.cold_start_s, 1)
+        step_delta = _delta_ci95(previous, start)
+        if step_delta is not None:
+            entry["step_delta_ci95"] = step_delta
     if cause is not None:
         entry["signature_gone"] = cause not in start.causes
+    if proved is not None:
+        entry["proved"] = proved
     return entry
 
 
@@ -240,21 +259,33 @@ def _ci_of(start: ColdStart) -> list[float] | None:
     return [round(ci[0], 1), round(ci[1], 1)] if ci else None
 
 
-def build_result(before: ColdStart, after: ColdStart, runs: Sequence[tuple[str, list[Change], ColdStart]],
+def build_result(before: ColdStart, after: ColdStart,
+                 runs: Sequence[tuple[str, list[Change], ColdStart, ColdStart]],
                  fixes: Mapping[str, Fix], proved: Sequence[str], notes: list[str],
                  steps: list[dict[str, Any]], *, lab_time_s: float) -> dict[str, Any]:
-    """The pipeline's result: section, findings, proved config_changes and lab time."""
+    """The pipeline's result: section, findings, proved config_changes and lab time. `runs`:
+    the waterfall's steps in order, each (cause, the changes it added, its start, the start
+    it added them to)."""
     waterfall = [waterfall_entry("customer configuration", before, fixes=None, changes=[], mode="baseline",
                                  before=before)]
-    alone = {cause: start for cause, _, start in runs if cause != "all"}
-    for cause, changes, start in runs:
-        if cause == "all":
-            waterfall.append(waterfall_entry("all changes together", start, fixes=", ".join(proved),
-                                             changes=changes, mode="all", before=before))
-        else:
-            waterfall.append(waterfall_entry(fixes[cause].label, start, fixes=cause, changes=changes,
-                                             mode="alone", before=before, cause=cause))
-    findings = [_finding(before, cause, fixes.get(cause), alone.get(cause), cause in proved)
+    added: dict[str, tuple[ColdStart, ColdStart]] = {}
+    had: list[str] = []
+    for i, (cause, changes, start, previous) in enumerate(runs):
+        added[cause] = (previous, start)
+        label = fixes[cause].label
+        # "alone": its change on the customer's configuration, nothing else; "all": the last
+        # step, every change proved before it and its own. A step between has no mode of the
+        # findings schema's (its `cumulative` says what it had).
+        mode = "alone" if not had else "all" if i == len(runs) - 1 else None
+        entry = waterfall_entry(("+ " if had else "") + label, start, fixes=cause, changes=changes,
+                                mode=mode or "", before=before, cause=cause, previous=previous,
+                                cumulative=[*had, cause], proved=cause in proved)
+        if mode is None:
+            entry.pop("mode")
+        waterfall.append(entry)
+        if cause in proved:
+            had.append(cause)
+    findings = [_finding(before, cause, fixes.get(cause), added.get(cause), cause in proved)
                 for cause in before.causes]
     findings += [_unexplained_finding(before, g) for g in before.stalls
                  if g.cause in (UNEXPLAINED, INCOMPLETE)]
@@ -279,6 +310,9 @@ def build_result(before: ColdStart, after: ColdStart, runs: Sequence[tuple[str, 
         "after_s": round(after.cold_start_s, 1),
         "before_ci95": _ci_of(before),
         "after_ci95": _ci_of(after),
+        # The starts of every proved change together (the last proved step), for the day's
+        # before and after; null when nothing was proved.
+        "after_samples_s": [round(v, 3) for v in after.samples_s] if after is not before else None,
         "root_causes": before.causes,
         "proved": list(proved),
         "phases": phases,

@@ -35,11 +35,15 @@ def test_triage_proves_the_reference_story_from_reproduces_cold_start(tmp_path: 
     base = cold["waterfall"][0]
     assert base["n"] == 2 and base["samples_s"][0] == pytest.approx(reproduce["cold_start_s"], abs=0.1)
     assert cold["steps"][0]["lab_s"] == 0.0
-    # Every step has an interval of its change; all changes together save minutes. (At this
-    # dilation a starved CPU stretches a start by tens of lab seconds: only the big change
-    # is asserted to exclude zero.)
-    assert all(len(w["delta_ci95"]) == 2 for w in cold["waterfall"][1:])
-    assert cold["waterfall"][-1]["mode"] == "all" and cold["waterfall"][-1]["delta_ci95"][1] < -300
+    # One true cold start per step, each change added to the ones before it: the last step
+    # is every change together, minutes faster, with no signature left.
+    steps = cold["waterfall"][1:]
+    assert [w.get("mode") for w in steps] == ["alone", None, "all"] and all(w["n"] == 1 for w in steps)
+    assert [len(w["cumulative"]) for w in steps] == [1, 2, 3]
+    assert [w["fixes"] for w in steps] == ["load.weights_io", "load.rendezvous", "load.jit_compile"]
+    assert all(w["signature_gone"] and w["proved"] and w["step_delta_s"] < 0 for w in steps)
+    assert steps[-1]["signatures"] == [] and steps[-1]["delta_s"] < -300
+    assert cold["after_samples_s"] == pytest.approx(steps[-1]["samples_s"], abs=0.06)
     assert cold["root_causes"] == ["load.weights_io", "load.jit_compile", "load.rendezvous"]
     assert cold["after_s"] == pytest.approx(145, abs=25)
     codes = [f["code"] for f in document["findings"]]

@@ -34,7 +34,7 @@ def test_one_fault_is_found_fixed_and_proved(fault: str, tmp_path: Path) -> None
     assert section["before_s"] == pytest.approx(FIXED_S + COST_S[fault], abs=TOLERANCE_S)
     assert section["after_s"] == pytest.approx(FIXED_S, abs=TOLERANCE_S)
     steps = [w["step"] for w in section["waterfall"]]
-    assert len(steps) == 2, "one change alone; the all-together run would repeat it and is skipped"
+    assert len(steps) == 2, "one change: its step is every change together"
     assert section["waterfall"][1]["signature_gone"] is True
     assert [c["finding"] for c in result["config_changes"]] == [fault] * len(result["config_changes"])
     finding = result["findings"][0]

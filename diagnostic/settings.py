@@ -267,6 +267,9 @@ DIAG_RETRY_MAX_S = envint("DIAG_RETRY_MAX_S", 900, minimum=0)
 DIAG_LAB_BUSY_RETRY_S = envint("DIAG_LAB_BUSY_RETRY_S", 60, minimum=1)
 DIAG_STAGE_TIME_LIMIT_S = envint("DIAG_STAGE_TIME_LIMIT_S", 5400, minimum=60)
 DIAG_REAPER_INTERVAL_S = envint("DIAG_REAPER_INTERVAL_S", 60, minimum=1)
+# A job confirmed ahead of its booking's lab day waits, queued; celery beat looks this
+# often for jobs whose day has begun (midnight in TIME_ZONE, the lab's time) and starts them.
+DIAG_LAB_DAY_START_INTERVAL_S = envint("DIAG_LAB_DAY_START_INTERVAL_S", 60, minimum=1)
 # How long a stage's bookkeeping (its completion, its release for a retry) waits out a
 # database that is away before giving up; a restart takes seconds.
 DIAG_DB_OUTAGE_S = envint("DIAG_DB_OUTAGE_S", 60, minimum=0)
@@ -288,6 +291,10 @@ DIAG_HOUSE_ORGANISATION = envstr("DIAG_HOUSE_ORGANISATION", "In-house diagnostic
 # lab day starts. Reports reach customers once staff approve them; PORTAL_AUTO_APPROVE
 # (on by default only with DEBUG, for the demo) releases each version as it is written.
 BOOKING_CHANGE_CUTOFF_H = envint("BOOKING_CHANGE_CUTOFF_H", 48, minimum=0)
+# Off: the calendar offers only days outside the cutoff (a booking can always be changed
+# once). On: days inside it, today included, can be booked too, knowing they cannot be
+# changed; a job for today starts at confirmation (the walk-through, the browser tests).
+BOOKING_SAME_DAY = envbool("BOOKING_SAME_DAY", False)
 PORTAL_AUTO_APPROVE = envbool("PORTAL_AUTO_APPROVE", DEBUG)
 # The stages a portal job runs, in registry order (empty: all). The required ones
 # (preflight, reproduce, report) always run.
@@ -348,6 +355,11 @@ CELERY_BEAT_SCHEDULE = {
     "reap-expired-leases": {
         "task": "diagnostic.jobs.tasks.reap_expired_leases",
         "schedule": float(DIAG_REAPER_INTERVAL_S),
+    },
+    # Jobs confirmed ahead of their lab day start within this period of the day's start.
+    "start-due-jobs": {
+        "task": "diagnostic.jobs.tasks.start_due_jobs",
+        "schedule": float(DIAG_LAB_DAY_START_INTERVAL_S),
     },
     # The lab page's node states; a node that stops answering shows within this period.
     "poll-lab-health": {

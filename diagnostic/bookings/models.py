@@ -255,8 +255,31 @@ class Booking(models.Model):
         return (
             self.status in (self.Status.REQUESTED, self.Status.CONFIRMED)
             and (now or timezone.now()) < self.change_deadline()
-            and not self.jobs.exclude(status="cancelled").exists()
+            and not started_jobs(self).exists()
         )
+
+
+def started_jobs(booking: Booking) -> models.QuerySet[Any]:
+    """The booking's diagnostics that have begun or ended (not cancelled). A job confirmed
+    ahead of the day waits queued, never started, and does not pin the booking: it moves
+    with it, or is cancelled with it."""
+    return booking.jobs.exclude(status="cancelled").filter(~Q(status="queued") | Q(started_at__isnull=False))
+
+
+def _cancel_waiting_jobs(booking: Booking, now: dt.datetime) -> None:
+    """Cancel the jobs still waiting for the booking's lab day, with their stages."""
+    from diagnostic.jobs.models import DiagnosticJob, StageRun  # jobs depends on bookings
+
+    reason = "not run: the booking was cancelled before its lab day"
+    waiting = DiagnosticJob.objects.filter(booking=booking, status="queued", started_at__isnull=True)
+    ids = list(waiting.values_list("pk", flat=True))
+    StageRun.objects.filter(job_id__in=ids, status="pending").update(
+        status="cancelled", status_message=reason, finished_at=now
+    )
+    waiting.filter(pk__in=ids).update(
+        status="cancelled", status_message="the booking was cancelled before its lab day",
+        cancel_requested=True, finished_at=now,
+    )
 
 
 def book_lab_day(*, lab_day: LabDay, customer: Any, organisation: Organisation | None = None) -> Booking:
@@ -290,7 +313,7 @@ def _check_changeable(booking: Booking, now: dt.datetime | None) -> None:
         raise BookingRefused("this booking is already cancelled")
     if booking.status == Booking.Status.COMPLETED:
         raise BookingRefused("this booking is completed")
-    if booking.jobs.exclude(status="cancelled").exists():
+    if started_jobs(booking).exists():
         raise BookingRefused("the diagnostic for this booking has started; it can no longer be changed")
     deadline = booking.change_deadline()
     if (now or timezone.now()) >= deadline:
@@ -302,10 +325,15 @@ def _check_changeable(booking: Booking, now: dt.datetime | None) -> None:
 
 
 def cancel_booking(*, booking: Booking, now: dt.datetime | None = None) -> Booking:
-    """Cancel before the cutoff; the day becomes free for others at once."""
+    """Cancel before the cutoff; the day becomes free for others at once, and a diagnostic
+    confirmed for it, still waiting for the day, is cancelled with it."""
+    moment = now or timezone.now()
     with transaction.atomic():
         booking = Booking.objects.select_for_update().get(pk=booking.pk)
-        _check_changeable(booking, now)
+        _check_changeable(booking, moment)
+        _cancel_waiting_jobs(booking, moment)
+        if started_jobs(booking).exists():  # the lab day's start won a race with this cancel
+            raise BookingRefused("the diagnostic for this booking has started; it can no longer be changed")
         booking.status = Booking.Status.CANCELLED
         booking.save(update_fields=["status", "updated_at"])
     return booking

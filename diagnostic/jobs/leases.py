@@ -168,20 +168,54 @@ def stalled_jobs() -> list[str]:
 
 
 def lost_queued_jobs(*, older_than_s: float) -> list[str]:
-    """Queued jobs older than `older_than_s` whose lab no other job holds: their message
-    was lost (the broker was down at submit, or came back empty), since a job waiting
-    for a busy lab keeps its own retry in the broker. Re-enqueueing them is harmless: a
+    """Queued jobs that may run (no booking, or their lab day has begun), handed to the
+    workers more than `older_than_s` ago (or created then and never handed), whose lab no
+    other job holds: their message was lost (the broker was down at submit, or came back
+    empty), since a job waiting for a busy lab keeps its own retry in the broker. A job
+    whose lab day is still ahead is not lost, it waits. Re-enqueueing them is harmless: a
     second message finds the stage leased or done and walks away."""
     now = timezone.now()
     holders = dict(
         LabLease.objects.filter(job__isnull=False, expires_at__gte=now).values_list("lab_id", "job_id")
     )
-    waiting = DiagnosticJob.objects.filter(
-        status=DiagnosticJob.Status.QUEUED,
-        cancel_requested=False,
-        created_at__lt=now - timedelta(seconds=older_than_s),
-    ).values_list("pk", "lab_id")
+    waiting = (
+        DiagnosticJob.objects.due(now)
+        .queued_since(now - timedelta(seconds=older_than_s))
+        .filter(cancel_requested=False)
+        .values_list("pk", "lab_id")
+    )
     return [str(pk) for pk, lab_id in waiting if holders.get(lab_id, pk) == pk]
+
+
+def jobs_due_to_start(now: datetime | None = None) -> list[str]:
+    """Queued jobs of a booking whose lab day has begun and that were never handed to the
+    workers, oldest first: the lab-day start hands them on. A job without a booking is
+    handed on by whoever made it (`diagnose` may be running it in its own process)."""
+    now = now or timezone.now()
+    return [
+        str(pk)
+        for pk in DiagnosticJob.objects.due(now)
+        .filter(
+            status=DiagnosticJob.Status.QUEUED, cancel_requested=False, released_at__isnull=True,
+            booking__isnull=False,
+        )
+        .order_by("created_at")
+        .values_list("pk", flat=True)
+    ]
+
+
+def mark_released(job_id: str, *, now: datetime | None = None) -> bool:
+    """Note that the job is being handed to the workers; False when another caller already
+    did (so one beat, not two, publishes it) or the job is no longer queued."""
+    changed = DiagnosticJob.objects.filter(
+        pk=job_id, status=DiagnosticJob.Status.QUEUED, released_at__isnull=True
+    ).update(released_at=now or timezone.now())
+    return changed == 1
+
+
+def mark_unreleased(job_id: str) -> None:
+    """A job handed on before its lab day goes back to waiting for it."""
+    DiagnosticJob.objects.filter(pk=job_id, status=DiagnosticJob.Status.QUEUED).update(released_at=None)
 
 
 # -- the lab lease ---------------------------------------------------------------------

@@ -9,10 +9,15 @@ a job produced and whether staff approved it for the customer.
 
 A job belongs to the organisation of its configuration, and its booking is the
 configuration's booking: save() derives both and refuses a job whose links disagree.
+
+A job for a booking waits, queued, until its lab day begins (midnight of the day in
+settings.TIME_ZONE, the lab's time); `released_at` records when it was handed to the
+workers. A job without a booking (`diagnose`, a consultant's run) is due at once.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import Any
 
@@ -20,9 +25,30 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab, Organisation, OrganisationScoped
+
+
+class JobQuerySet(OrganisationScoped):
+    """Jobs, with the filters the lab-day start and the reaper share."""
+
+    def due(self, now: dt.datetime | None = None) -> JobQuerySet:
+        """Jobs that may run now: no booking, or a booking whose lab day has begun."""
+        today = timezone.localdate(now or timezone.now())
+        return self.filter(Q(booking__isnull=True) | Q(booking__lab_day__date__lte=today))
+
+    def waiting_for_lab_day(self, now: dt.datetime | None = None) -> JobQuerySet:
+        """Queued jobs whose booking's lab day is still ahead."""
+        today = timezone.localdate(now or timezone.now())
+        return self.filter(status=DiagnosticJob.Status.QUEUED, booking__lab_day__date__gt=today)
+
+    def queued_since(self, moment: dt.datetime) -> JobQuerySet:
+        """Queued jobs handed to the workers (or, never handed, created) before `moment`."""
+        return self.alias(since=Coalesce("released_at", "created_at")).filter(
+            status=DiagnosticJob.Status.QUEUED, since__lt=moment
+        )
 
 
 class DiagnosticJob(models.Model):
@@ -56,12 +82,15 @@ class DiagnosticJob(models.Model):
     budget_lab_s = models.FloatField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When the job was handed to the workers: at creation for a job due at once, when its
+    # lab day begins for a booking ahead (diagnostic.jobs.tasks.start_due_jobs).
+    released_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # The diagnostic.findings/1 document, rebuilt when the job ends.
     findings = models.JSONField(null=True, blank=True)
 
-    objects = OrganisationScoped.as_manager()
+    objects = JobQuerySet.as_manager()
 
     class Meta:
         ordering = ("-created_at",)
@@ -91,6 +120,35 @@ class DiagnosticJob(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL
+
+    @property
+    def lab_day_starts_at(self) -> dt.datetime | None:
+        """When the booked lab day begins (None: no booking, the job is due at once)."""
+        booking = self.booking
+        return booking.lab_day.starts_at if booking is not None else None
+
+    def is_due(self, now: dt.datetime | None = None) -> bool:
+        """True once the job may run: it has no booking or its lab day has begun."""
+        starts = self.lab_day_starts_at
+        return starts is None or (now or timezone.now()) >= starts
+
+    def waits_for_lab_day(self, now: dt.datetime | None = None) -> bool:
+        return self.status == self.Status.QUEUED and not self.is_due(now)
+
+    @property
+    def status_words(self) -> str:
+        """The job's state in the words of the portal: a job confirmed ahead of its day
+        says which day it waits for."""
+        booking = self.booking
+        if booking is not None and self.waits_for_lab_day():
+            day = booking.lab_day.date
+            return f"waiting for your lab day ({day:%A} {day.day} {day:%B %Y})"
+        return self.get_status_display()
+
+    @property
+    def has_started(self) -> bool:
+        """The diagnostic has begun (or ended): the booking can no longer be moved."""
+        return self.status != self.Status.QUEUED or self.started_at is not None
 
     def request_cancel(self) -> bool:
         """Ask the job to stop; the orchestrator honours it between stages and through the

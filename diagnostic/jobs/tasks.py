@@ -6,6 +6,11 @@ it). `reap_expired_leases`, run by celery beat, puts stages whose worker died ba
 the queue, nudges jobs nobody is working on, and enqueues again queued jobs whose
 message was lost. A database or broker that is away makes a delivery wait and try again
 (or leaves the job to the reaper), never fails the job.
+
+A job for a booking runs on its lab day: confirmed ahead of the day it stays queued,
+and `start_due_jobs` (celery beat) hands it to the workers once the day has begun in the
+lab's time (settings.TIME_ZONE). A delivery that reaches a job before its day puts it
+back to waiting instead of running it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from celery import Task, shared_task
 from celery.exceptions import Reject
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from diagnostic.jobs import leases
 from diagnostic.jobs.faults import BROKER_ERRORS, DATABASE_CONNECTION_ERRORS, reset_connection
@@ -35,8 +41,25 @@ SUBMIT_RETRY_POLICY = {"max_retries": 3, "interval_start": 0.2, "interval_step":
 DATABASE_RETRY_COUNTDOWN_S = 5.0
 
 
+WAITING_FOR_LAB_DAY = "waiting_for_lab_day"
+
+
+def _waits_for_lab_day(job_id: str) -> bool:
+    return DiagnosticJob.objects.filter(pk=job_id).waiting_for_lab_day().exists()
+
+
 @shared_task(bind=True, name="diagnostic.jobs.tasks.run_diagnostic", max_retries=None)
 def run_diagnostic(self: Task, job_id: str) -> str:
+    try:
+        early = _waits_for_lab_day(job_id)
+    except DATABASE_CONNECTION_ERRORS:
+        early = False  # orchestrate meets the outage too and waits it out below
+    if early:
+        # Handed on before its lab day (an old message, a manual enqueue): the job goes
+        # back to waiting and the lab-day start hands it on again on the day.
+        leases.mark_unreleased(job_id)
+        log.info("job waits for its lab day", extra={"job": job_id})
+        return WAITING_FOR_LAB_DAY
     if self.request.is_eager:
         # Eager mode (no broker): a retry would recurse at once, so wait in-process.
         return run_until_done(job_id, open_lab_session).status
@@ -103,11 +126,39 @@ def reap_expired_leases() -> list[str]:
     return sorted(jobs | lost)
 
 
-def enqueue_job(job: DiagnosticJob) -> None:
-    """Hand the job to the workers once the transaction that created it commits. A broker
-    that is down does not undo the submission: the job stays queued and the reaper
-    enqueues it once it is DIAG_QUEUED_REQUEUE_S old and the broker answers."""
+@shared_task(name="diagnostic.jobs.tasks.start_due_jobs")
+def start_due_jobs() -> list[str]:
+    """Hand to the workers the booked jobs whose lab day has begun; returns their ids. Each
+    job is claimed (released_at set) before it is published, so two beats publish it once;
+    a publish that fails leaves it to the lost-job sweep."""
+    started = []
+    for job_id in leases.jobs_due_to_start():
+        if not leases.mark_released(job_id):
+            continue
+        log.info("lab day has begun; starting the job", extra={"job": job_id})
+        try:
+            run_diagnostic.apply_async((job_id,), retry=True, retry_policy=PUBLISH_RETRY_POLICY)
+        except BROKER_ERRORS as exc:
+            log.error("could not enqueue the job on its lab day; the reaper will",
+                      extra={"job": job_id, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        started.append(job_id)
+    return started
+
+
+def enqueue_job(job: DiagnosticJob) -> bool:
+    """Hand the job to the workers once the transaction that created it commits, unless
+    its booking's lab day is still ahead: then it waits, queued, for `start_due_jobs`, and
+    this returns False. A broker that is down does not undo the submission: the job stays
+    queued and the reaper enqueues it once it was handed on DIAG_QUEUED_REQUEUE_S ago and
+    the broker answers."""
     job_id = str(job.pk)
+    if job.waits_for_lab_day():
+        log.info("job queued for its lab day", extra={"job": job_id, "starts_at": str(job.lab_day_starts_at)})
+        return False
+    DiagnosticJob.objects.filter(pk=job.pk, status=DiagnosticJob.Status.QUEUED).update(
+        released_at=timezone.now()
+    )
 
     def publish() -> None:
         if settings.CELERY_TASK_ALWAYS_EAGER:
@@ -121,3 +172,4 @@ def enqueue_job(job: DiagnosticJob) -> None:
                              "error": f"{type(exc).__name__}: {exc}"})
 
     transaction.on_commit(publish)
+    return True

@@ -71,6 +71,7 @@ def book(request: HttpRequest) -> HttpResponse:
         "weeks": lab_calendar(organisation),
         "problem": problem,
         "cutoff_h": settings.BOOKING_CHANGE_CUTOFF_H,
+        "same_day": settings.BOOKING_SAME_DAY,
     }
     return render(request, "portal/book.html", context, status=status)
 

@@ -26,8 +26,10 @@ class CalendarDay:
 
 def first_bookable_date(now: dt.datetime | None = None) -> dt.date:
     """The earliest date still outside the change cutoff (a booking made later could not
-    be cancelled, so the calendar does not offer it)."""
+    be cancelled, so the calendar does not offer it); today with BOOKING_SAME_DAY on."""
     moment = timezone.localtime(now or timezone.now())
+    if settings.BOOKING_SAME_DAY:
+        return moment.date()
     earliest = moment + dt.timedelta(hours=settings.BOOKING_CHANGE_CUTOFF_H)
     day = earliest.date()
     return day if earliest.time() == dt.time.min else day + dt.timedelta(days=1)

@@ -181,6 +181,14 @@ def _confirm(request: HttpRequest, booking: Booking, submission: Submission) -> 
         if locked.status == Booking.Status.REQUESTED:
             locked.status = Booking.Status.CONFIRMED
             locked.save(update_fields=["status", "updated_at"])
-        start_job(job)
-    messages.success(request, "Configuration confirmed; the diagnostic is queued. This page follows it.")
+        started = start_job(job)
+    if started:
+        messages.success(request, "Configuration confirmed; the diagnostic is queued. This page follows it.")
+    else:
+        day = locked.lab_day.date
+        messages.success(
+            request,
+            f"Configuration confirmed. The diagnostic starts on your lab day, "
+            f"{day:%A} {day.day} {day:%B %Y}; this page follows it from then.",
+        )
     return redirect("portal:job", job_id=job.pk)

@@ -70,8 +70,11 @@ def _stage_context(job: DiagnosticJob) -> dict[str, Any]:
         for s in stages
     ]
     total = sum(s.lab_seconds or 0 for s in stages)
+    waiting = job.waits_for_lab_day()
     return {
         "job": job,
+        "waiting_for": job.booking.lab_day if waiting and job.booking is not None else None,
+        "can_change_booking": waiting and job.booking is not None and job.booking.can_change(),
         "stages": rows,
         "lab_total": lab_duration(total) if total else "",
         "stopped_by": _stopped_by(job, stages) if job.is_terminal else None,

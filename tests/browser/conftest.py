@@ -61,9 +61,11 @@ def screenshot() -> Any:
 @pytest.fixture
 def portal_settings(settings: Any, tmp_path: Path, live_server: Any) -> Any:
     """The live server as the demo runs: jobs in a thread of this process (no broker),
-    reports released at once, invitation links pointing at the live server."""
+    reports released at once, today bookable, invitation links pointing at the live server."""
     settings.CELERY_TASK_ALWAYS_EAGER = True
     settings.PORTAL_AUTO_APPROVE = True
+    # Today is bookable, so a job confirmed in the test starts at once (its lab day has begun).
+    settings.BOOKING_SAME_DAY = True
     settings.SITE_URL = live_server.url
     settings.OUT_DIR = tmp_path / "out"
     settings.DIAG_SIM_STATE_DIR = tmp_path / "labsim"

@@ -41,7 +41,7 @@ def test_a_customer_goes_from_invitation_to_report(
 ) -> None:
     lab = Lab.objects.create(name="sim:browser-lab", inventory=f"{SIM_PREFIX}{SCENARIO}")
     today = timezone.localdate()
-    days = [LabDay.objects.create(lab=lab, date=today + dt.timedelta(days=n)) for n in range(1, 30)]
+    days = [LabDay.objects.create(lab=lab, date=today + dt.timedelta(days=n)) for n in range(0, 30)]
     LabDay.objects.filter(pk=days[6].pk).update(closed=True)
     out = StringIO()
     call_command("invite", EMAIL, "--org", "Initech Labs", stdout=out, stderr=StringIO())
@@ -77,11 +77,12 @@ def test_a_customer_goes_from_invitation_to_report(
     page.click("button[type=submit]")
     page.wait_for_url(f"{live_server.url}/portal/")
 
-    # Book the first available day.
+    # Book the first available day: today, so the diagnostic starts at confirmation.
     page.click("header nav >> text=Book a lab day")
     screenshot(page, "04-calendar")
     first = page.locator("table.calendar button").first
     date = first.get_attribute("data-date")
+    assert date == today.isoformat()
     first.click()
     page.wait_for_url(re.compile(r"/portal/bookings/[0-9a-f-]+/$"))
     assert "Booked" in page.inner_text("main")

@@ -18,6 +18,7 @@ from diagnostic.jobs.models import LabHealth, NodeHealth
 from diagnostic.portal.job_views import lab_duration
 from diagnostic.staff.access import staff_required
 from diagnostic.staff.labhealth import poll_all_labs
+from diagnostic.staff.serving import jobs_serving
 
 CALENDAR_DAYS = 42
 
@@ -81,6 +82,10 @@ def lab_page(request: HttpRequest) -> HttpResponse:
     for lab in Lab.objects.order_by("name"):
         health = LabHealth.objects.filter(lab=lab).first()
         nodes = [node_row(h, now) for h in NodeHealth.objects.filter(lab=lab).order_by("node")]
+        # Which job's stage launched the engine a node runs, from the jobs' own records.
+        served = jobs_serving(lab, [n["h"].spec_sha256 for n in nodes])
+        for n in nodes:
+            n["served"] = served.get(n["h"].spec_sha256)
         labs.append({
             "lab": lab,
             "health": health,

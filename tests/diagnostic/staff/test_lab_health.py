@@ -10,15 +10,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from diagnostic.bookings.models import Lab
-from diagnostic.jobs.models import LabHealth, NodeHealth
+from diagnostic.jobs.models import LabHealth, NodeHealth, StageRun
+from diagnostic.pipelines.changes import apply_changes, change
 from diagnostic.staff.labhealth import poll_lab
 from diagnostic.staff.tasks import poll_lab_health
 from lab.session import LabSession
 from lab.sim.lab import SimLab
 from tests.diagnostic.conftest import REFERENCE_SCENARIO, Cast
 from tests.diagnostic.doubles import fast_scenario
+from tests.diagnostic.staff.conftest import make_finished_job
 
 pytestmark = pytest.mark.django_db
 
@@ -81,3 +84,44 @@ def test_a_lab_that_is_not_serving_marks_its_nodes(cast: Cast, lab: Lab, sim_sta
     assert not node.reachable and "not serving" in node.error
     page = cast.client("staff").get("/staff/lab/").content.decode()
     assert "not serving" in page and 'class="badge failed">unreachable' in page
+
+
+def test_the_lab_page_names_the_job_whose_configuration_a_node_runs(
+        sim: SimLab, cast: Cast, out_dir: Path) -> None:
+    lab = Lab.objects.create(name="serving-lab", inventory=str(sim.inventory_path))
+    job = make_finished_job(cast, lab, lab_day=timezone.localdate())
+    # The reproduce stage proved a change; the measure stage would run the changed configuration.
+    proved = change("serving.load_format", "auto", "fastsafetensors", finding="load.weights_io")
+    StageRun.objects.filter(job=job, name="reproduce").update(result={"config_changes": [proved]})
+    StageRun.objects.filter(job=job, name="report").update(status=StageRun.Status.RUNNING)
+
+    @contextmanager
+    def factory(_: Lab) -> Iterator[LabSession]:
+        with LabSession.open(sim.inventory_path) as session:
+            yield session
+
+    with LabSession.open(sim.inventory_path) as session:
+        session.launch(job.config.normalized, cold=False, timeout_s=3600)
+    poll_lab(lab, factory)
+    page = cast.client("staff").get("/staff/lab/").content.decode()
+    head = page.split('data-node="spark-01"', 1)[1].split("</tr>", 1)[0]
+    assert f'href="/staff/jobs/{job.pk}/"' in head
+    assert "the customer&#x27;s configuration</span>" in head and "Acme" in head
+
+    # The proved change running: the same job, the configuration with reproduce's change.
+    with LabSession.open(sim.inventory_path) as session:
+        session.launch(apply_changes(job.config.normalized, [proved]), cold=False, timeout_s=3600)
+    poll_lab(lab, factory)
+    page = cast.client("staff").get("/staff/lab/").content.decode()
+    head = page.split('data-node="spark-01"', 1)[1].split("</tr>", 1)[0]
+    assert f'href="/staff/jobs/{job.pk}/"' in head and "with the changes reproduce proved" in head
+
+    # An engine no recent job started (another configuration, by hand): said so, no link.
+    by_hand = change("speculative.num_speculative_tokens", 4, 3, finding="x")
+    other = apply_changes(job.config.normalized, [by_hand])
+    with LabSession.open(sim.inventory_path) as session:
+        session.launch(other, cold=False, timeout_s=3600)
+    poll_lab(lab, factory)
+    page = cast.client("staff").get("/staff/lab/").content.decode()
+    head = page.split('data-node="spark-01"', 1)[1].split("</tr>", 1)[0]
+    assert "/staff/jobs/" not in head and "no recent job launched it" in head

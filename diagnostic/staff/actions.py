@@ -35,7 +35,7 @@ def retry_stage(job: DiagnosticJob, stage_name: str) -> str:
         if stage.status not in RETRYABLE:
             raise ActionRefused(f"{stage_name} is {stage.status}; only a failed or stopped stage is retried")
         again = locked.stage_runs.filter(order__gte=stage.order).exclude(status=StageRun.Status.SUCCEEDED)
-        names = list(again.values_list("name", flat=True))
+        names = list(again.order_by("order").values_list("name", flat=True))
         again.update(status=StageRun.Status.PENDING, status_message="", attempts=0, lease_owner="",
                      lease_expires_at=None, progress_percent=0, progress_message="", finished_at=None)
         locked.stage_runs.filter(name="report").update(
@@ -46,7 +46,9 @@ def retry_stage(job: DiagnosticJob, stage_name: str) -> str:
         )
         locked.refresh_from_db()
         start_job(locked)
-    rerun = sorted(set(names) | {"report"} - {stage_name})
+    # In the order they run: the stages after the retried one that did not succeed, then the report.
+    rerun = [n for n in names if n not in (stage_name, "report")]
+    rerun += [] if stage_name == "report" else ["report"]
     return f"Retrying {stage_name}" + (f", then {', '.join(rerun)}" if rerun else "") + "."
 
 

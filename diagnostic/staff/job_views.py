@@ -206,8 +206,9 @@ ACTIONS = {
     "cancel": ("Cancel this job", "The running stage stops at its next check; stages not run are cancelled."),
     "retry": ("Retry the stage", "The stage runs again from its beginning, then the stages after it "
               "that did not succeed, and the report."),
-    "rerun-report": ("Write the report again", "A new report version is rendered from the findings and "
-                     "the staff's edits; it waits for approval."),
+    "rerun-report": ("Write the report again", "The report is rendered again from the findings and the "
+                     "staff's edits. If they changed since the newest version, that is a new version, "
+                     "which waits for approval; if not, it is the same version as before."),
 }
 
 

@@ -1,7 +1,8 @@
 """Every staff URL as the whole cast: anonymous visitors go to the login page (302), a
 customer gets 404 (the dashboard confirms nothing to customers, neither the page nor the
-job; the portal answers staff the same way), staff without the `staff` group may look but
-not approve or decide a refund (403), the group's members may do both."""
+job; the portal answers staff the same way), staff without the `staff` group may look and
+run the day (the job actions: tests/diagnostic/staff/test_actions.py) but not approve or
+decide a refund (403), the group's members may do both."""
 
 from __future__ import annotations
 
@@ -26,9 +27,13 @@ LOOKING = [
     "/staff/jobs/{job}/log/preflight/?format=json&since=0",
     "/staff/jobs/{job}/cancel/",
     "/staff/jobs/{job}/rerun-report/",
+    "/staff/jobs/{job}/retry/?stage=reproduce",
     "/staff/lab/",
     "/staff/reports/{job}/",
 ]
+# Running the day: any staff member, after the confirmation page (LOOKING has those).
+RUNNING_THE_DAY = ["/staff/jobs/{job}/cancel/", "/staff/jobs/{job}/retry/", "/staff/jobs/{job}/rerun-report/",
+                   "/staff/lab/refresh/", "/staff/reports/{job}/render/"]
 ACTING = ["/staff/reports/{job}/approve/", "/staff/reports/{job}/money-back/",
           "/staff/reports/{job}/money-back/{override}/revert/"]
 
@@ -45,6 +50,16 @@ def test_every_staff_url_as_the_cast(cast: Cast, finished: DiagnosticJob, approv
             assert cast.client(customer).get(url).status_code == 404, (customer, url)
         assert cast.client("staff").get(url).status_code == 200, url
         assert approver_client.get(url).status_code == 200, url
+
+
+def test_running_the_day_is_any_staff_members(cast: Cast, finished: DiagnosticJob,
+                                              sim_state_dir: Any) -> None:
+    for url in urls(RUNNING_THE_DAY, finished):
+        anonymous = cast.anonymous.post(url, {"stage": "reproduce"})
+        assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/"), url
+        assert cast.client("alice").post(url, {"stage": "reproduce"}).status_code == 404, url
+        done = cast.client("staff").post(url, {"stage": "reproduce"})
+        assert done.status_code == 302 and done["Location"].startswith("/staff/"), url
 
 
 def test_acting_needs_the_staff_group(cast: Cast, finished: DiagnosticJob, approver: Any) -> None:

@@ -368,6 +368,10 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# The reports app links its rows (money-back decisions, report emails) to the platform's
+# job through this model reference, so it imports nothing of the platform itself.
+REPORTS_JOB_MODEL = "jobs.DiagnosticJob"
+
 # Report rendering runs in a child process with these limits (reports/pdf.py).
 REPORT_RENDER_TIMEOUT_S = envint("REPORT_RENDER_TIMEOUT_S", 60, minimum=5)
 REPORT_RENDER_MEMORY_MB = envint("REPORT_RENDER_MEMORY_MB", 3072, minimum=512)

@@ -1,17 +1,22 @@
 """What the reports app keeps in the database: staff money-back decisions (the audit
 trail a report prints) and the record that makes each report version's email go out once.
 
-Both are keyed by the job's id as findings.json names it (`job.id`), so the app does not
-depend on the jobs app's models; the platform may later turn `job_id` into a foreign key.
+Both are keyed by the job's id as findings.json names it (`job_id`, as the report and its
+email quote it) and, when the platform has that job, linked to its row (`job_record`, a
+foreign key to settings.REPORTS_JOB_MODEL, the way auth names AUTH_USER_MODEL): through it
+a row has its job's organisation. The app imports nothing of the platform; save() fills the
+link from `job_id`, and a row whose job the platform does not hold (a findings file
+rendered on its own) keeps only the id.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -23,11 +28,50 @@ if TYPE_CHECKING:
 
 MIN_REASON_CHARS = 20
 
+JOB_MODEL: str = getattr(settings, "REPORTS_JOB_MODEL", "")
+if not JOB_MODEL:
+    raise ImproperlyConfigured(
+        "REPORTS_JOB_MODEL is not set: name the model whose primary key findings.json's job.id "
+        "is, as app_label.ModelName (the platform's is jobs.DiagnosticJob)"
+    )
 
-class MoneyBackOverride(models.Model):
-    """One staff decision on a job's money-back flag. Rows are only ever added."""
+
+def job_row_id(job_id: str) -> Any:
+    """The primary key of the platform's job named `job_id`, or None when it holds none."""
+    model = apps.get_model(JOB_MODEL)
+    try:
+        return model._default_manager.filter(pk=job_id).values_list("pk", flat=True).first()
+    except (ValidationError, ValueError, TypeError):
+        return None  # not a key of that model at all (a standalone findings file's id)
+
+
+class JobLinked(models.Model):
+    """A row about one job: `job_id` as the findings name it, `job_record` the platform's
+    row of that job when there is one (filled on save; never pointing at another job)."""
 
     job_id = models.CharField(max_length=64, db_index=True)
+    job_record = models.ForeignKey(
+        JOB_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        help_text="the platform's job this row is about (its organisation owns the row)",
+    )
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if self.job_record_id is None and self.job_id:
+            self.job_record_id = job_row_id(self.job_id)
+        self.clean()
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    def clean(self) -> None:
+        if self.job_record_id is not None and str(self.job_record_id) != str(self.job_id):
+            raise ValidationError({"job_record": f"must be the job {self.job_id} this row is about"})
+
+
+class MoneyBackOverride(JobLinked):
+    """One staff decision on a job's money-back flag. Rows are only ever added."""
+
     eligible = models.BooleanField(help_text="True: the engagement is free of charge.")
     reason = models.TextField()
     decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
@@ -93,7 +137,7 @@ def revert_override(*, override: MoneyBackOverride, reason: str, by: User) -> Mo
         )
 
 
-class ReportEmail(models.Model):
+class ReportEmail(JobLinked):
     """The report-ready email of one report version: claimed before sending, marked after.
 
     A row per (job, report digest) means a report version is mailed once however often
@@ -110,7 +154,6 @@ class ReportEmail(models.Model):
         SENT = "sent"
         FAILED = "failed"
 
-    job_id = models.CharField(max_length=64)
     report_digest = models.CharField(max_length=64)
     recipients = models.TextField(help_text="Comma-separated addresses.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from diagnostic.celery import app
 from diagnostic.jobs.models import DiagnosticJob
 from reports.models import override_money_back
 from tests.diagnostic.conftest import Cast
@@ -52,8 +53,9 @@ def test_every_staff_url_as_the_cast(cast: Cast, finished: DiagnosticJob, approv
         assert approver_client.get(url).status_code == 200, url
 
 
-def test_running_the_day_is_any_staff_members(cast: Cast, finished: DiagnosticJob,
-                                              sim_state_dir: Any) -> None:
+def test_running_the_day_is_any_staff_members(cast: Cast, finished: DiagnosticJob, sim_state_dir: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(app.conf, "task_always_eager", True)  # the report renders here, not on a broker
     for url in urls(RUNNING_THE_DAY, finished):
         anonymous = cast.anonymous.post(url, {"stage": "reproduce"})
         assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/"), url

@@ -3,8 +3,14 @@ and keep what the start looked like.
 
 Cold means cold (METHODOLOGY.md): the session stops every engine and drops the page
 cache before launching, and the telemetry sampler runs from before the launch, so the
-loading triage can read the whole cold start from this stage's result. The engine is
-left running for the stages after this one.
+loading triage can read the whole cold start from this stage's result.
+
+The customer's configuration is then measured where it serves, with the measure stage's
+own protocol (two warm-ups, n = 15 per workload, the same prompt sets): it is serving right
+after a true cold start, and starting it again later would cost a start that compiles its
+kernels and waits at the rendezvous again (minutes of lab time on the reference lab). The
+measure stage records that measurement; when it is missing or incomplete (an engine that
+stopped answering), the measure stage measures the configuration itself.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import math
 from typing import Any
 
 from diagnostic.jobs.context import StageContext, StopJob
+from diagnostic.pipelines.client import EndpointError
+from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
 from lab.engines import parse_log
 from lab.session import LabError, LaunchFailed
 
@@ -128,6 +136,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.attach(f"engine log, {engine_log.node} ({engine_log.size} bytes)", engine_log.text,
                limit=LOG_TAIL_CHARS)
 
+    # Only for a day that measures: a day of preflight and reproduce alone does not.
+    planned = set(ctx.job.stage_runs.values_list("name", flat=True))
+    measured = measure_customer(ctx, config) if "measure" in planned else None
+
     cold_start = {
         "before_s": launched.cold_start_s,
         # The loading triage fills these; reproduce only measures.
@@ -157,8 +169,33 @@ def run(ctx: StageContext) -> dict[str, Any]:
             "tail": engine_log.text[-LOG_TAIL_CHARS:],
         },
         **telemetry,
+        "customer_measurement": measured,
         "sections": {"cold_start": cold_start},
     }
+
+
+def measure_customer(ctx: StageContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The measure stage's protocol on the configuration serving after this stage's cold start:
+    {section, measured_at}, or None when it is not a whole measurement."""
+    workloads = tuple(config["workloads"])
+    ctx.progress(85, "measuring the customer's configuration where it serves (delivered tokens)")
+    began = ctx.session.clock.now()
+    try:
+        section = measure_on_session(ctx.session, engine=str(config["engine"]["name"]), workloads=workloads,
+                                     progress=lambda msg: ctx.log(f"customer: {msg}"))
+    except (MeasurementError, EndpointError, LabError) as exc:
+        ctx.log(f"the customer's configuration was not measured here ({exc}); the measure stage will")
+        return None
+    short = [w for w in workloads
+             if (section.get(w) or {}).get("ci95") is None
+             or int((section.get(w) or {}).get("n") or 0) < int(section["protocol"]["n"])]
+    if short:
+        ctx.log(f"the measurement here is incomplete ({', '.join(short)}: fewer runs than the protocol's); "
+                "the measure stage measures the configuration itself")
+        return None
+    spent = ctx.session.clock.now() - began
+    ctx.log(f"customer's configuration measured where it serves ({spent:.0f} lab s)")
+    return {"section": section, "measured_at": began}
 
 
 def _collect_telemetry(ctx: StageContext, since: float) -> dict[str, Any]:

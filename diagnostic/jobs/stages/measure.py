@@ -2,19 +2,33 @@
 earlier stages proved changes, of the tuned configuration, with the same protocol
 (METHODOLOGY.md, "Measurement" and "The day as a whole").
 
-The customer's configuration is measured first (started again warm when something else is
-serving), then the tuned one from a true cold start, whose seconds become
-`cold_start.after_s`. Each workload's difference gets Welch's 95 % interval; both
-configurations are also set against their memory roofline.
+The customer's configuration is measured first: reproduce measures it with this protocol
+where it serves after its true cold start, and this stage records that measurement (or,
+without one, starts the configuration again warm and measures it here); then the tuned one
+from a true cold start, whose seconds become `cold_start.after_s`. Each workload's
+difference gets Welch's 95 % interval; both configurations are also set against their
+memory roofline.
+
+The day's cold-start change needs samples on both sides. The tuned configuration is started
+cold once here (it must be started to be measured anyway); its second sample is the triage's
+final step when that step started the same configuration as far as a start goes: the same
+loader, JIT cache and NCCL settings, the same speculative method and draft model. The FP4
+backend and the draft length may differ (they change no byte read and, once the kept cache
+holds the backend's kernels, which this start's own log shows, no compile). Otherwise the
+tuned configuration is started cold a second time. The section names where each sample
+came from.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import register_stage
 from diagnostic.jobs.stages.serving import ensure_serving
+from diagnostic.pipelines.changes import apply_changes
+from diagnostic.pipelines.fp4.backends import PIN_ENV
 from diagnostic.pipelines.measure.protocol import measure_on_session
 from diagnostic.pipelines.roofline import fraction_of_bound, roofline
 from diagnostic.pipelines.stats import compare, welch
@@ -37,9 +51,18 @@ def run(ctx: StageContext) -> dict[str, Any]:
     workloads = tuple(customer["workloads"])
     changed = launch_view(tuned) != launch_view(customer)
 
-    ensure_serving(ctx, customer)
-    ctx.progress(5, "measuring the customer's configuration: delivered tokens, single stream")
-    section = _measure(ctx, customer, CUSTOMER, workloads)
+    early = (ctx.earlier_result("reproduce") or {}).get("customer_measurement")
+    if isinstance(early, dict) and isinstance(early.get("section"), dict):
+        # Reproduce measured it with this protocol where it served after its true cold start.
+        ctx.log("customer's configuration: measured by reproduce, right after its true cold start, "
+                "with this stage's protocol")
+        section = _record(ctx, copy.deepcopy(early["section"]), CUSTOMER, workloads)
+        section["customer_measured"] = "reproduce: right after the configuration's true cold start"
+    else:
+        ensure_serving(ctx, customer)
+        ctx.progress(5, "measuring the customer's configuration: delivered tokens, single stream")
+        section = _measure(ctx, customer, CUSTOMER, workloads)
+        section["customer_measured"] = "measure: after a start of the configuration"
     ctx.add_findings(section.pop("findings", []))
     ctx.check_cancelled()
     facts = ctx.session.facts()
@@ -58,11 +81,24 @@ def run(ctx: StageContext) -> dict[str, Any]:
             launched = ctx.session.launch(tuned, cold=True, timeout_s=COLD_START_TIMEOUT_LAB_S)
         ctx.log(f"tuned configuration serving after a true cold start of {launched.cold_start_s:.1f} lab s")
         after_samples = [launched.cold_start_s]
-        for _ in range(TUNED_COLD_STARTS - 1):
+        borrowed = triage_after_samples(ctx, tuned)
+        after_source = f"measure: the tuned configuration's true cold start (n = {len(after_samples)})"
+        if borrowed and len(after_samples) + len(borrowed) >= TUNED_COLD_STARTS:
+            after_samples += borrowed
+            after_source += (f", and the triage's final step (n = {len(borrowed)}): the same loader, "
+                             "JIT cache, NCCL settings and speculative method; only the FP4 backend or the "
+                             "draft length differ, which change nothing a start reads or, with the "
+                             "kernels in the kept cache, compiles")
+            ctx.log("tuned configuration: the triage's final step started the same configuration as far as a "
+                    f"start goes; its {len(borrowed)} true cold start(s) "
+                    f"({', '.join(f'{v:.1f}' for v in borrowed)} lab s) are the other sample(s)")
+        for _ in range(TUNED_COLD_STARTS - len(after_samples)):
             ctx.check_cancelled()
             again = ctx.session.launch(tuned, cold=True, timeout_s=COLD_START_TIMEOUT_LAB_S)
             after_samples.append(again.cold_start_s)
             ctx.log(f"tuned configuration: another true cold start, {again.cold_start_s:.1f} lab s")
+        if not borrowed or len(after_samples) > 1 + len(borrowed):
+            after_source = f"measure: the tuned configuration's true cold starts (n = {len(after_samples)})"
         ctx.check_cancelled()
         ctx.progress(60, "measuring the tuned configuration")
         after = _measure(ctx, tuned, TUNED, workloads)
@@ -80,7 +116,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
             "_merge": True,
             "after_s": round(sum(after_samples) / len(after_samples), 3),
             "after_samples_s": after_samples,
-            "after_source": f"measure: the tuned configuration's true cold starts (n = {len(after_samples)})",
+            "after_source": after_source,
             **({"after_first_boot_s": first_boot} if first_boot is not None else {}),
         }
         before_samples = customer_cold_starts(ctx)
@@ -104,6 +140,43 @@ def run(ctx: StageContext) -> dict[str, Any]:
     sections["measurement"] = section
     ctx.progress(100, "measured" + (" before and after" if changed else ""))
     return {"sections": sections, "tuned_measured": changed}
+
+
+# What may differ between two configurations whose cold starts count as samples of one:
+# the FP4 backend's fields and pins, and the draft length of the same speculative method.
+FP4_FIELDS = ("moe_backend", "linear_backend")
+
+
+def start_view(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` as far as a start goes (what it reads, compiles and waits for): without the
+    FP4 backend selection and the draft length, and without what no start reads."""
+    view = copy.deepcopy(config)
+    for name in FP4_FIELDS:
+        (view.get("serving") or {}).pop(name, None)
+    for name in PIN_ENV:
+        (view.get("env") or {}).pop(name, None)
+    if isinstance(view.get("speculative"), dict):
+        view["speculative"].pop("num_speculative_tokens", None)
+    for key in ("workloads", "reported"):
+        view.pop(key, None)
+    return view
+
+
+def triage_after_samples(ctx: StageContext, tuned: dict[str, Any]) -> list[float]:
+    """The true cold starts of the triage's final step (every proved load change together),
+    when that configuration starts like `tuned`; [] otherwise (no triage, nothing proved,
+    or a change since then that a start would feel)."""
+    triage = ctx.earlier_result("triage") or {}
+    section = (triage.get("sections") or {}).get("cold_start") or {}
+    samples = section.get("after_samples_s")
+    if not section.get("proved") or not samples:
+        return []
+    config = apply_changes(ctx.customer_config, triage.get("config_changes") or [])
+    if start_view(config) != start_view(tuned):
+        ctx.log("tuned configuration: it starts differently from the triage's final step "
+                "(a change since then that a start feels); its cold starts are measured here")
+        return []
+    return [float(v) for v in samples]
 
 
 def customer_cold_starts(ctx: StageContext) -> list[float]:
@@ -138,6 +211,14 @@ def _measure(
         progress=lambda msg: ctx.log(f"{label}: {msg}"),
     )
     ctx.check_cancelled()
+    return _record(ctx, section, label, workloads)
+
+
+def _record(
+    ctx: StageContext, section: dict[str, Any], label: str, workloads: tuple[str, ...]
+) -> dict[str, Any]:
+    """The measurements of `section` (measure_on_session's) on the StageContext, and a
+    finding for a workload without an interval."""
     for workload in workloads:
         summary = section[workload]
         if summary.get("ci95") is None:

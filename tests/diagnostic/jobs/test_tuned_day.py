@@ -23,7 +23,8 @@ from django.core.management import call_command
 from diagnostic.jobs import registry
 from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.findings import validate_findings
-from diagnostic.pipelines.changes import change
+from diagnostic.jobs.stages.measure import start_view
+from diagnostic.pipelines.changes import apply_changes, change
 from diagnostic.pipelines.measure.protocol import measure_endpoint
 from lab.engines import load_config_text, parse_command
 from lab.sim.lab import SimLab
@@ -99,6 +100,15 @@ def check_before_and_after(document: dict[str, Any]) -> None:
         assert diff["diff"] == pytest.approx(diff["after"] - diff["before"], abs=1e-4)
         assert diff["diff"] > 0 and diff["ci95"][0] < diff["diff"] < diff["ci95"][1]
         assert measurement["tuned"][workload]["n"] == 15
+    # The customer's configuration was measured where reproduce left it serving, after its
+    # true cold start, with the same protocol (n = 15 after two warm-ups).
+    assert measurement["customer_measured"].startswith("reproduce")
+    assert measurement["code"]["n"] == measurement["prose"]["n"] == 15
+    assert measurement["protocol"]["warmup_discarded"] == 2
+    # The stand-in triage kept no cold starts: both tuned samples are measure's own.
+    assert len(document["cold_start"]["after_samples_s"]) == 2
+    source = document["cold_start"]["after_source"]
+    assert source.startswith("measure: the tuned configuration's true cold starts")
     # Prose gains 2.3 tok/s against run noise of ~3 %: the interval must exclude zero.
     assert measurement["difference"]["prose"]["ci95"][0] > 0
     # The tuned start with a kept JIT cache compiled once, then started as its users see it:
@@ -158,3 +168,23 @@ def check_launch_by_hand(document: dict[str, Any], out: Path, tmp_path: Path) ->
                                     to_lab=lambda s: s * dilation)
         stated = document["measurement"]["tuned"]["code"]["mean_tps"]
         assert measured["code"]["mean_tps"] == pytest.approx(stated, rel=0.04)
+
+
+def test_what_a_start_feels_decides_whether_two_cold_starts_are_samples_of_one() -> None:
+    """The triage's final step and the tuned configuration start alike when only the FP4
+    backend and the draft length differ; a loader or a speculative method does not."""
+    base = load_config_text(REFERENCE_CONFIG.read_text())
+    fixed = apply_changes(base, [change("serving.jit_cache", "ephemeral", "persisted",
+                                        finding="load.jit_compile")])
+    tuned = apply_changes(fixed, [
+        change("serving.moe_backend", "auto", "cutlass", finding="fp4.kernel_dispatch"),
+        change("speculative.num_speculative_tokens", 4, 2, finding="specdec.suboptimal"),
+    ])
+    assert start_view(tuned) == start_view(fixed)
+    assert start_view(base) != start_view(fixed)
+    other_loader = apply_changes(tuned, [change("serving.load_format", "auto", "fastsafetensors",
+                                                finding="load.weights_io")])
+    assert start_view(other_loader) != start_view(fixed)
+    no_draft = apply_changes(tuned, [change("speculative", tuned["speculative"], None,
+                                            finding="specdec.suboptimal")])
+    assert start_view(no_draft) != start_view(fixed)

@@ -58,6 +58,13 @@ def organisation_of(user: Any) -> Organisation | None:
     """The organisation a signed-in user belongs to, or None (staff, anonymous, loners)."""
     if not getattr(user, "is_authenticated", False):
         return None
+    if not Customer.user.field.remote_field.is_cached(user):
+        # One query for both rows (every portal request asks), kept on the user the way
+        # the ORM keeps `user.customer`; a user without one is asked again next time.
+        customer = Customer.objects.select_related("organisation").filter(user_id=user.pk).first()
+        if customer is None:
+            return None
+        user.customer = customer
     try:
         return user.customer.organisation
     except Customer.DoesNotExist:

@@ -23,6 +23,24 @@ class CalendarDay:
     def bookable(self) -> bool:
         return self.state == "available"
 
+    # The cell's words, made here rather than by the template's date filter: the calendar
+    # draws up to 63 cells a request, and it is one of the two pages that take load.
+    @property
+    def label(self) -> str:
+        return f"{self.date.day} {MONTHS[self.date.month - 1]}"
+
+    @property
+    def iso(self) -> str:
+        return self.date.isoformat()
+
+    @property
+    def words(self) -> str:
+        return STATE_WORDS.get(self.state, "")
+
+
+STATE_WORDS = {"yours": "yours", "booked": "booked", "closed": "closed", "soon": "too soon"}
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
 
 def first_bookable_date(now: dt.datetime | None = None) -> dt.date:
     """The earliest date still outside the change cutoff (a booking made later could not
@@ -42,7 +60,8 @@ def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) ->
     days = settings.PORTAL_CALENDAR_DAYS
     end = monday + dt.timedelta(days=days + (7 - days % 7) % 7)
     lab_days = {
-        d.date: d for d in LabDay.objects.filter(date__gte=monday, date__lt=end).select_related("lab")
+        d.date: d
+        for d in LabDay.objects.filter(date__gte=monday, date__lt=end).only("id", "lab_id", "date", "closed")
     }
     active = dict(
         Booking.objects.filter(lab_day__date__gte=monday, lab_day__date__lt=end)

@@ -35,7 +35,7 @@ def customer_required(view: View) -> View:
 
 
 def requester_organisation(request: HttpRequest) -> Organisation:
-    organisation = organisation_of(request.user)
+    organisation = organisation_of(request.user)  # cached on the user by the first call
     if organisation is None:
         raise Http404("no organisation")
     return organisation
@@ -57,7 +57,15 @@ def get_booking_for_customer(request: HttpRequest, booking_id: Any) -> Booking:
 
 
 def get_job_for_customer(request: HttpRequest, job_id: Any) -> DiagnosticJob:
+    # The job page is polled every few seconds by every open browser: it needs the job's
+    # state and its booking, not the findings document (hundreds of kB once it ended) nor
+    # the configuration, which the one view that uses it loads then.
     try:
-        return jobs_for_customer(request).select_related("booking__lab_day__lab", "config").get(pk=job_id)
+        return (
+            jobs_for_customer(request)
+            .select_related("booking__lab_day__lab")
+            .defer("findings")
+            .get(pk=job_id)
+        )
     except (DiagnosticJob.DoesNotExist, ValueError):
         raise Http404("no such job") from None

@@ -3,8 +3,11 @@ it beats the customer's and no speculation; for the server, the one setting to d
 
 Every comparison uses the confirmation runs only (fresh n = 15 measurements, never the
 screening samples). Picking the fastest of several confirmed settings and then testing it
-on the same runs would favour noise, so each workload's tests run at 5 % divided by the
-number of alternatives compared with the customer's setting (Bonferroni). The deployed
+on the same runs would favour noise, so each workload's test of "faster than the
+customer's" is one-sided at 5 % divided by the number of alternatives compared with the
+customer's setting (Bonferroni; at most 2.5 %, so a gain called significant also has a
+two-sided 95 % interval excluding zero). Whether the customer's setting is slower than no
+speculation (harmful) is a two-sided question at 5 %. The deployed
 setting maximises the delivered rate of the customer's mix: with workload shares w_i of
 the generated tokens, a mix runs at H = 1 / sum(w_i / rate_i) (time adds up, not rates);
 its interval comes from the delta method, with Welch-Satterthwaite degrees of freedom.
@@ -37,18 +40,33 @@ def difference_interval(before: Sequence[float], after: Sequence[float]) -> list
     return [round(test["diff"] - half, 4), round(test["diff"] + half, 4)]
 
 
-def comparison(before: Sequence[float], after: Sequence[float], alpha: float) -> dict[str, Any]:
-    """Welch's test of `after` against `before` at `alpha`; `diff` is after - before."""
+def comparison(
+    before: Sequence[float], after: Sequence[float], alpha: float, *, one_sided: bool = False
+) -> dict[str, Any]:
+    """Welch's test of `after` against `before` at `alpha`; `diff` is after - before.
+    `one_sided`: the question is only whether `after` is faster (p of that direction)."""
     test = welch(after, before, alpha=alpha)
+    p = float(test["p"])
+    if one_sided:
+        p = p / 2.0 if test["diff"] > 0 else 1.0 - p / 2.0
+    significant = p < alpha
     return {
         "diff_tps": round(test["diff"], 4),
         "ci95": difference_interval(before, after),
-        "p": round(test["p"], 6),
+        "p": round(p, 6),
         "alpha": round(alpha, 6),
-        "significant": bool(test["different"]),
-        "faster": bool(test["different"] and test["diff"] > 0),
-        "slower": bool(test["different"] and test["diff"] < 0),
+        "test": "one-sided (faster)" if one_sided else "two-sided",
+        "significant": significant,
+        "faster": bool(significant and test["diff"] > 0),
+        "slower": bool(significant and test["diff"] < 0),
     }
+
+
+def faster_alpha(alternatives: int) -> float:
+    """The level of each one-sided "faster than the customer's" test: 5 % over the
+    alternatives (Bonferroni), and never above 2.5 %, so that a setting called faster also
+    has a two-sided 95 % interval of its gain that excludes zero."""
+    return ALPHA / max(2, alternatives)
 
 
 @dataclass(frozen=True)
@@ -72,9 +90,11 @@ def decide_workload(
     if customer not in rated:
         return None
     alternatives = len(rated) - 1
-    alpha = ALPHA / max(1, alternatives)
+    alpha = faster_alpha(alternatives)
     fastest = max(rated, key=lambda s: (statistics.fmean(rated[s]), -s.k, s.method == customer.method))
-    best_vs_customer = comparison(rated[customer], rated[fastest], alpha) if fastest != customer else None
+    best_vs_customer = (
+        comparison(rated[customer], rated[fastest], alpha, one_sided=True) if fastest != customer else None
+    )
     best = fastest if best_vs_customer and best_vs_customer["faster"] else customer
     none = rated.get(NO_SPECULATION)
     customer_vs_none = (
@@ -118,18 +138,20 @@ def mix_rate(samples: Samples, weights: Mapping[str, float]) -> tuple[float, lis
 def mix_comparison(
     before: Samples, after: Samples, weights: Mapping[str, float], alpha: float
 ) -> dict[str, Any]:
-    """after's mix rate against before's: difference, 95 % interval, p at `alpha`."""
+    """after's mix rate against before's: difference, 95 % interval, one-sided p (after
+    faster) at `alpha`."""
     h_before, t_before = mix_rate(before, weights)
     h_after, t_after = mix_rate(after, weights)
     terms = t_before + t_after
     var = sum(t[0] for t in terms)
     diff = h_after - h_before
     if var == 0.0:
-        p = 1.0 if diff == 0.0 else 0.0
+        p = 0.0 if diff > 0.0 else 1.0
         half = 0.0
     else:
         dof = var**2 / sum(t[0] ** 2 / (t[2] - 1) for t in terms if t[0] > 0)
-        p = float(2.0 * scipy_stats.t.sf(abs(diff) / math.sqrt(var), dof))
+        # One-sided: the question is whether `after` serves the mix faster.
+        p = float(scipy_stats.t.sf(diff / math.sqrt(var), dof))
         half = float(scipy_stats.t.ppf(0.5 + CONFIDENCE / 2.0, dof)) * math.sqrt(var)
     return {
         "before_tps": round(h_before, 4),
@@ -138,6 +160,7 @@ def mix_comparison(
         "ci95": [round(diff - half, 4), round(diff + half, 4)],
         "p": round(p, 6),
         "alpha": round(alpha, 6),
+        "test": "one-sided (faster)",
         "significant": p < alpha,
         "faster": p < alpha and diff > 0,
     }
@@ -166,7 +189,7 @@ def choose_deployed(
         return None
     rates = {s: mix_rate(v, share)[0] for s, v in complete.items()}
     fastest = max(rates, key=lambda s: (rates[s], -s.k))
-    alpha = ALPHA / max(1, len(complete) - 1)
+    alpha = faster_alpha(len(complete) - 1)
     vs = mix_comparison(complete[customer], complete[fastest], share, alpha) if fastest != customer else None
     chosen = fastest if vs and vs["faster"] else customer
     return Deployment(chosen, fastest, round(rates[chosen], 4), vs, share)

@@ -40,7 +40,9 @@ def test_the_reference_customer_setting_is_suboptimal_on_both_workloads() -> Non
     assert code.verdict == prose.verdict == "suboptimal"
     assert code.best in (E3, E2) and prose.best == E2
     assert code.best_vs_customer and code.best_vs_customer["faster"]
-    assert abs(code.best_vs_customer["alpha"] - 0.05 / 3) < 1e-6  # three alternatives to the customer's
+    # Three alternatives to the customer's: one-sided at 5 % / 3.
+    assert abs(code.best_vs_customer["alpha"] - 0.05 / 3) < 1e-6
+    assert code.best_vs_customer["test"] == "one-sided (faster)"
     deployed = choose_deployed(confirmed, E4, {"code": 1.0, "prose": 1.0})
     assert deployed is not None and deployed.setting == E2  # 25.5 tok/s on the mix against 24.4 for k = 3
     assert deployed.vs_customer and deployed.vs_customer["faster"]
@@ -92,3 +94,24 @@ def test_the_catalog_names_the_kimi_k2_draft_with_its_source() -> None:
         assert drafts[0].source.startswith("https://")
     assert catalog.drafts_for("Qwen/Qwen3-8B") == []
     assert catalog.version
+
+
+def test_a_gain_called_significant_has_an_interval_that_excludes_zero() -> None:
+    # One alternative: the one-sided test runs at 2.5 %, the two-sided interval's level.
+    called = 0
+    for seed in range(40):
+        confirmed = {E3: {"code": runs(27.0, seed)}, E2: {"code": runs(27.0 * 1.03, 100 + seed)}}
+        d = decide_workload("code", confirmed, E3)
+        assert d is not None and d.best_vs_customer is not None
+        assert d.best_vs_customer["alpha"] == 0.025
+        if d.best == E2:
+            called += 1
+            assert d.best_vs_customer["ci95"][0] > 0.0
+    assert 10 <= called < 40  # a 3 % gain at 3 % run noise is found often, not always
+
+
+def test_a_slower_alternative_is_never_called_faster() -> None:
+    for seed in range(40):
+        confirmed = {E3: {"code": runs(27.0, seed)}, E2: {"code": runs(27.0 * 0.97, 100 + seed)}}
+        d = decide_workload("code", confirmed, E3)
+        assert d is not None and d.best == E3 and d.verdict == "ok"

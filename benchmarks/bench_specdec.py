@@ -277,6 +277,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         "bests": bests,
         "deployed": list(deployed),
         "deployed_shortfall": round(1.0 - physics.mix_rate(deployed) / physics.mix_rate(mix_best), 4),
+        "restarts_saved": sum(1 for t in trials.values() if t.get("restarted") is False),
         "mix_optimum": list(mix_best),
         "verdicts": section["verdicts"],
         "searches": {s["method"]: {"measured_k": s["measured_k"], "stopped": s["stopped"]}
@@ -299,7 +300,8 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
 def show(row: dict[str, Any]) -> str:
     b = row["bests"]
     best = "  ".join(
-        f"{w} {b[w]['chosen'][0]}/{b[w]['chosen'][1]} ({-100 * b[w]['shortfall']:+.1f} %)" for w in WORKLOADS
+        f"{w} {b[w]['chosen'][0]}/{b[w]['chosen'][1]} ({-100 * b[w]['shortfall']:+.1f} % of optimum "
+        f"{b[w]['optimum'][0]}/{b[w]['optimum'][1]} {b[w]['optimum_tps']:.1f})" for w in WORKLOADS
     )
     return (
         f"{row['kind']:<8} seed {row['seed']:2d} {row['family']:<12} from {row['customer'][0]}/"
@@ -331,6 +333,13 @@ def summarise(rows: list[dict[str, Any]], dilation: float, wall_s: float) -> dic
                               "worst_shortfall": worst, "deployed_within": deployed}
         print(f"{family:<13} {len(fam):>4} {both:>12}/{len(fam):<3} {within['code']:>6} {within['prose']:>6} "
               f"{100 * worst:>15.1f}% {deployed:>16}/{len(fam):<3}")
+    for family in per_family:
+        first = next(r for r in accuracy if r["family"] == family)
+        opt = ", ".join(
+            f"{w} {first['bests'][w]['optimum'][0]}/{first['bests'][w]['optimum'][1]} "
+            f"{first['bests'][w]['optimum_tps']:.2f} tok/s" for w in WORKLOADS
+        )
+        print(f"  formula optimum, {family}: {opt}; mix {first['mix_optimum'][0]}/{first['mix_optimum'][1]}")
     hits = sum(all(r["bests"][w]["shortfall"] <= WITHIN for w in WORKLOADS) for r in accuracy)
     print(f"all: {hits}/{len(accuracy)} runs with both workloads' bests within 3 % (target: every time)")
 
@@ -351,8 +360,8 @@ def summarise(rows: list[dict[str, Any]], dilation: float, wall_s: float) -> dic
         print(f"{name:<30} {statistics.fmean(xs):>8.3f} {min(xs):>8.3f} {max(xs):>8.3f}   target <= 0.333")
     print(f"over the {BUDGET_LAB_S:.0f} lab s budget: {over}/{len(rows)} by the session clock, "
           f"{over_formula}/{len(rows)} by the formula")
-    full = sum(r["confirm_max_tokens"] >= 512 for r in rows)
-    print(f"confirmations at 512 tokens a run: {full}/{len(rows)} runs (the rest at 256); runner-ups "
+    lengths = sorted({r["confirm_max_tokens"] for r in rows})
+    print(f"confirmation runs of {', '.join(map(str, lengths))} tokens; runner-ups "
           f"left unconfirmed for the budget: {sum(r['not_confirmed'] for r in rows)}")
     cvs = [r["confirm_cv"] for r in rows if r["confirm_cv"] is not None]
     if cvs:

@@ -3,12 +3,16 @@ workload and for the customer's mix, in bounded lab time (METHODOLOGY.md, "Specu
 decoding tuning").
 
 Every trial is a warm engine restart (page cache and JIT cache kept) of the configuration
-with one speculative setting, then a measurement of every workload. The customer's setting
-and no speculation, which every decision needs, are confirmed first (n = 15); screening
-trials are short (n = 5) and the k-search (`search.py`) decides which lengths to screen;
-the finalists (each workload's best, and each workload's next best when the budget allows)
-are confirmed with fresh n = 15 runs; the decision (`decide.py`) reads confirmation runs
-only. Lab time is the session's clock; the budget reserves what the confirmations
+with one speculative setting, then a measurement of every workload; no restart when the
+nodes already run the trial's launch spec (the customer's setting the previous stage left
+serving, the setting screened last when it is confirmed next), and none measured until every
+node's agent reports the spec hash the trial renders. The customer's setting and no
+speculation, which every decision needs, are confirmed first (n = 15); screening trials are
+short (n = 5) and the k-search (`search.py`) decides which lengths to screen, dropping a
+method past its peak and significantly below the leader; the finalists (each workload's
+best, the mix's best, and each workload's next best while its runs say it can still win and
+the budget allows) are confirmed with fresh n = 15 runs; the decision (`decide.py`) reads
+confirmation runs only. Lab time is the session's clock; the budget reserves what the confirmations
 will cost, estimated from the restarts and runs measured so far.
 """
 
@@ -39,6 +43,7 @@ from diagnostic.pipelines.specdec.search import (
     Setting,
     search_k,
 )
+from diagnostic.pipelines.stats import welch
 from lab.config import MAX_SPEC_TOKENS
 
 if TYPE_CHECKING:
@@ -51,11 +56,15 @@ RESTART_TIMEOUT_LAB_S = 1800.0
 # After each workload the measurement waits for requests the server still runs; a couple
 # of lab seconds is enough for a single stream (the measure stage keeps its own figure).
 SETTLE_LAB_S = 2.0
-# Each workload's best screened setting outside the finalists is confirmed too when it
-# screened within this fraction of the workload's best and the budget allows: one low n = 5
-# draw (the mean of five runs at 3 % run noise is off by a few percent now and then) must
-# not decide between two lengths whose true rates are within a percent of each other.
-RUNNER_UP_MARGIN = 0.10
+# Each workload's best screened setting outside the finalists is confirmed too when its runs
+# are not significantly below the workload's best's at this level (one-sided Welch) and the
+# budget allows: one low n = 5 draw (the mean of five runs at 5 % run noise is off by a few
+# percent now and then) must not decide between two lengths whose true rates are within a
+# percent of each other, while a length clearly below cannot win and is not confirmed.
+RUNNER_UP_ALPHA = 0.05
+# A method past its peak whose best length is significantly below (one-sided Welch) the
+# leading setting on every workload is not refined further.
+PRUNE_ALPHA = 0.01
 DEFAULT_K = 4  # the common default draft length
 
 
@@ -71,17 +80,19 @@ class Protocol:
         return {"n": self.n, "warmup_discarded": self.warmup, "max_tokens": self.max_tokens}
 
 
-# Screening asks only which lengths are promising: five runs after one warm-up, 192 tokens
-# each. Confirmation is the measurement protocol's n = 15 after two warm-ups, but with 256
-# tokens a run instead of 512: on an 8-node Kimi K2 the four confirmations the decision
-# needs (the customer's, no speculation, a best per workload) take about 3,800 lab s at 512
-# tokens, which with the fewest screening trials a search can make (about 1,400 lab s) is
-# over the 4,500 lab s budget; at 256 they take about 2,000. The decode rate is a per-token
-# figure ((N - 1) / decode time at batch 1) that does not depend on how many tokens are asked
-# for, while every run's cost does; the section states what 512 would have cost. The
-# measure stage measures the deployed configuration at 512 tokens afterwards.
-SCREEN = Protocol(n=5, warmup=1, max_tokens=192)
-CONFIRM = Protocol(n=15, warmup=2, max_tokens=256)
+# Screening asks only which lengths are promising: five runs of 128 tokens after one
+# warm-up. Confirmation is the measurement protocol's n = 15 after two warm-ups, with 192
+# tokens a run instead of 512. The decode rate is a per-token figure ((N - 1) / decode time
+# at batch 1) that does not depend on how many tokens are asked for, while every run's cost
+# does. What shorter runs add is spread: the accepted tokens per step vary (about
+# sd^2 / (E * N) in relative variance, E tokens a step), and a client's scheduling stall
+# weighs more against a shorter decode. On the simulated reference lab at dilation 45 on a
+# loaded machine, 128-token confirmations spread 5 to 14 % (one run read 2,877 tok/s after a
+# client stall: flagged, never dropped), 192-token ones 4 to 7 %, 256-token ones 3 to 6 %;
+# screening at 128 tokens spreads as much as 192 did. The section states what 512 would have
+# cost; the measure stage measures the deployed configuration at 512 tokens afterwards.
+SCREEN = Protocol(n=5, warmup=1, max_tokens=128)
+CONFIRM = Protocol(n=15, warmup=2, max_tokens=192)
 # The measurement protocol, which an exhaustive sweep would use.
 FULL_PROTOCOL = Protocol(n=15, warmup=2, max_tokens=512)
 SWEEP = FULL_PROTOCOL
@@ -141,9 +152,9 @@ def speculative_flags(session: LabSession, config: Mapping[str, Any]) -> list[st
     from lab.engines import render
 
     nodes = session.nodes_for(config)
-    argv = list(
-        render({**config, "model": {**config["model"], "path": nodes[0].model_dir}}, nodes)[0]["argv"]
-    )
+    # The model path stays the catalog's (render admits it); the lab's own weights directory
+    # goes in as render's model_dir, as the session's launch does.
+    argv = list(render(config, nodes, model_dir=nodes[0].model_dir)[0]["argv"])
     picked: list[str] = []
     i = 0
     while i < len(argv):
@@ -162,38 +173,65 @@ def launch_syntax(session: LabSession, config: Mapping[str, Any]) -> str:
 
 
 def choose_finalists(
-    screened: Mapping[Setting, Mapping[str, float]], customer: Setting, workloads: Sequence[str]
+    screened: Mapping[Setting, Mapping[str, Sequence[float]]],
+    customer: Setting,
+    workloads: Sequence[str],
+    weights: Mapping[str, float] | None = None,
 ) -> tuple[list[Setting], list[Setting]]:
-    """What to confirm with fresh runs, from the screening means (refused settings absent).
+    """What to confirm with fresh runs, from the runs the search read (screening runs, or the
+    confirmation runs of a setting confirmed first; refused settings absent).
 
     Finalists, which the decision cannot do without: the customer's setting, no
-    speculation, and each workload's best screened setting. Runner-ups, confirmed while
-    the budget allows: each workload's best screened setting that is not a finalist, when
-    within RUNNER_UP_MARGIN of that workload's best; listed closest to their best first,
-    so that a short budget drops the least likely contender.
+    speculation, each workload's best setting, and the best setting for the workload mix
+    (`weights`, equal by default). Runner-ups, confirmed while the budget allows: each
+    workload's best setting outside the finalists, when it can still win: its runs are not
+    significantly below that workload's best's (Welch, one-sided, at RUNNER_UP_ALPHA). A
+    short budget drops the runner-up whose test came closest to significance first.
     """
+
+    def mean(setting: Setting, workload: str) -> float | None:
+        runs = screened[setting].get(workload) or ()
+        return statistics.fmean(runs) if runs else None
+
+    def rated(workload: str) -> list[Setting]:
+        return [s for s in screened if mean(s, workload)]
+
     finalists: list[Setting] = list(dict.fromkeys([customer, NO_SPECULATION]))
+    leaders: dict[str, Setting] = {}
     for w in workloads:
-        rated = [s for s in screened if screened[s].get(w)]
-        if rated:
-            leader = max(rated, key=lambda s: (screened[s][w], -s.k))
-            if leader not in finalists:
-                finalists.append(leader)
-    contenders: dict[Setting, float] = {}
-    for w in workloads:
-        rated = [s for s in screened if screened[s].get(w)]
-        if not rated:
-            continue
-        top = max(screened[s][w] for s in rated)
-        others = [s for s in rated if s not in finalists]
+        if rated(w):
+            leaders[w] = max(rated(w), key=lambda s: (mean(s, w) or 0.0, -s.k))
+            if leaders[w] not in finalists:
+                finalists.append(leaders[w])
+    share = {w: float((weights or {}).get(w, 1.0 if weights is None else 0.0)) for w in workloads}
+    share = {w: v for w, v in share.items() if v > 0}
+    complete = [s for s in screened if share and all(mean(s, w) for w in share)]
+    if complete:
+        def mix_rate(s: Setting) -> float:
+            return 1.0 / sum(v / (mean(s, w) or 1.0) for w, v in share.items())
+
+        mix = max(complete, key=lambda s: (mix_rate(s), -s.k))
+        if mix not in finalists:
+            finalists.append(mix)
+    contenders: dict[Setting, float] = {}  # runner-up -> its smallest one-sided p
+    for w, leader in leaders.items():
+        others = [s for s in rated(w) if s not in finalists]
         if not others:
             continue
-        second = max(others, key=lambda s: (screened[s][w], -s.k))
-        gap = 1.0 - screened[second][w] / top
-        if gap <= RUNNER_UP_MARGIN:
-            contenders[second] = min(gap, contenders.get(second, gap))
-    runner_ups = sorted(contenders, key=lambda s: (contenders[s], s.k))
+        second = max(others, key=lambda s: (mean(s, w) or 0.0, -s.k))
+        p = below_p(screened[second][w], screened[leader][w])
+        if p >= RUNNER_UP_ALPHA:
+            contenders[second] = max(p, contenders.get(second, p))
+    runner_ups = sorted(contenders, key=lambda s: (-contenders[s], s.k))
     return finalists, runner_ups
+
+
+def below_p(runs: Sequence[float], leader: Sequence[float]) -> float:
+    """One-sided Welch p-value of `runs` being slower than `leader` (1.0 without two runs a side)."""
+    if len(runs) < 2 or len(leader) < 2:
+        return 1.0
+    test = welch(runs, leader)
+    return test["p"] / 2.0 if test["diff"] < 0 else 1.0 - test["p"] / 2.0
 
 
 # -- lab time --------------------------------------------------------------------------------
@@ -210,12 +248,13 @@ class LabCosts:
     def observe(
         self,
         setting: Setting,
-        restart_s: float,
+        restart_s: float | None,
         measure_s: float,
         protocol: Protocol,
         rates: Mapping[str, float],
     ) -> None:
-        self.restarts.append(restart_s)
+        if restart_s is not None:  # None: measured on the engine already serving it
+            self.restarts.append(restart_s)
         self.rates.setdefault(setting, {}).update(rates)
         runs = (protocol.n + protocol.warmup) * len(rates)
         decode = sum(
@@ -226,6 +265,7 @@ class LabCosts:
 
     @property
     def known(self) -> bool:
+        # Prices need a restart measured: a trial on the engine already serving costs none.
         return bool(self.restarts)
 
     def restart_s(self) -> float:
@@ -242,8 +282,10 @@ class LabCosts:
         seen = [r[workload] for r in self.rates.values() if r.get(workload)]
         return min(seen) if seen else None
 
-    def trial_s(self, setting: Setting, workloads: Sequence[str], protocol: Protocol) -> float:
-        total = self.restart_s()
+    def trial_s(
+        self, setting: Setting, workloads: Sequence[str], protocol: Protocol, *, restart: bool = True
+    ) -> float:
+        total = self.restart_s() if restart else 0.0
         for w in workloads:
             rate = self.rate(setting, w) or 1.0
             total += (protocol.n + protocol.warmup) * (protocol.max_tokens / rate + self.fixed_s())
@@ -299,6 +341,24 @@ class _Run:
         self.confirmed: dict[Setting, dict[str, list[float]]] = {}
         self.confirmed_rows: dict[Setting, dict[str, dict[str, Any]]] = {}
         self.reserve: Callable[[], float] = lambda: 0.0
+        self.serving: Setting | None = None  # the setting the last verified trial ran
+
+    def _record_failed(self, base: Mapping[str, Any], status: str, error: str, lab_s: float) -> None:
+        for w in self.workloads:
+            self.trials.append(
+                {
+                    **base,
+                    "workload": w,
+                    "status": status,
+                    "error": error,
+                    "n": 0,
+                    "mean_tps": None,
+                    "ci95": None,
+                    "lab_s": lab_s,
+                    "restart_s": lab_s,
+                    "restarted": True,
+                }
+            )
 
     def spent(self) -> float:
         return self.session.clock.now() - self.started
@@ -323,8 +383,27 @@ class _Run:
         t0 = self.session.clock.now()
         from lab.session import LaunchFailed, LaunchTimeout
 
+        # The engine may run this setting already (the configuration the previous stage left
+        # serving is the customer's; the last trial's setting is still up when a finalist is
+        # the one screened last): then the nodes' own evidence says so and no restart is
+        # needed. Otherwise a warm restart.
+        known = setting == self.serving or not self.trials
+        state = self.session.serving_state(trial_config) if known else None
+        restarted = not (state is not None and state.serving)
+        mismatch: str | None = None
         try:
-            self.session.launch(trial_config, cold=False, timeout_s=RESTART_TIMEOUT_LAB_S)
+            if restarted:
+                self.serving = None
+                self.session.launch(trial_config, cold=False, timeout_s=RESTART_TIMEOUT_LAB_S)
+                # Before measuring, every node must run the spec this trial renders (its hash,
+                # as each agent reports it): otherwise the runs would measure the previous
+                # setting under this one's name. One more restart when it does not.
+                state = self.session.serving_state(trial_config)
+                if not state.serving:
+                    mismatch = state.reason
+                    self.log(f"trial {index} ({phase}) {setting.label}: after the restart {mismatch}; again")
+                    self.session.launch(trial_config, cold=False, timeout_s=RESTART_TIMEOUT_LAB_S)
+                    state = self.session.serving_state(trial_config)
         except (LaunchFailed, LaunchTimeout) as exc:
             from lab.engines import failure_message
 
@@ -333,21 +412,21 @@ class _Run:
             lab_s = round(self.session.clock.now() - t0, 3)
             status = "refused" if isinstance(exc, LaunchFailed) else "timeout"
             self.log(f"trial {index} ({phase}) {setting.label}: {status} at startup: {error}")
-            for w in self.workloads:
-                self.trials.append(
-                    {
-                        **base,
-                        "workload": w,
-                        "status": status,
-                        "error": error,
-                        "n": 0,
-                        "mean_tps": None,
-                        "ci95": None,
-                        "lab_s": lab_s,
-                        "restart_s": lab_s,
-                    }
-                )
+            self._record_failed(base, status, error, lab_s)
             return None
+        if state is None or not state.serving:
+            error = f"the engine does not run this setting: {state.reason if state else 'unknown'}"
+            self.log(f"trial {index} ({phase}) {setting.label}: not measured: {error}")
+            self._record_failed(base, "unverified", error, round(self.session.clock.now() - t0, 3))
+            return None
+        self.serving = setting
+        verified = {
+            "restarted": restarted,
+            # The head's launch spec hash; every node's agent reported its own spec's hash.
+            "spec_sha256": state.expected_sha256.get(self.session.inventory.head.name),
+            "nodes_verified": len(state.expected_sha256),
+            **({"mismatch_after_restart": mismatch} if mismatch else {}),
+        }
         t1 = self.session.clock.now()
         result = self.measure_fn(
             self.session,
@@ -374,12 +453,13 @@ class _Run:
                 "samples": samples,
                 "lab_s": round(t2 - t0, 3),
                 "restart_s": round(t1 - t0, 3),
+                **verified,
             }
             self.trials.append(row)
             rows[w] = row
             if section.get("mean_tps"):
                 rates[w] = float(section["mean_tps"])
-        self.costs.observe(setting, t1 - t0, t2 - t1, protocol, rates)
+        self.costs.observe(setting, t1 - t0 if restarted else None, t2 - t1, protocol, rates)
         said = ", ".join(
             f"{w} {rows[w]['mean_tps'] or 0:.2f} tok/s (n = {rows[w]['n']})" for w in self.workloads
         )
@@ -400,10 +480,21 @@ class _Run:
             return None
         return {w: float(r["mean_tps"]) for w, r in rows.items() if r.get("mean_tps")}
 
+    def runs_read(self) -> dict[Setting, dict[str, list[float]]]:
+        """The runs the search read per setting: a screening trial's, or the confirmation's
+        of a setting confirmed before the search (refused settings absent)."""
+        out: dict[Setting, dict[str, list[float]]] = {}
+        for setting, rows in self.screened.items():
+            if rows is not None:
+                out[setting] = {w: list(r["samples"]) for w, r in rows.items() if r.get("samples")}
+        for setting, samples in self.confirmed.items():
+            out.setdefault(setting, {w: list(v) for w, v in samples.items()})
+        return out
+
     def afford(self, setting: Setting, protocol: Protocol, reserve: float) -> bool:
         if not self.costs.known:
             return True
-        cost = self.costs.trial_s(setting, self.workloads, protocol)
+        cost = self.costs.trial_s(setting, self.workloads, protocol, restart=setting != self.serving)
         return self.spent() + cost + reserve <= self.budget
 
     def confirm(self, setting: Setting, spec: Any) -> bool:
@@ -503,14 +594,11 @@ def run_specdec(
         return speculative_block(setting, draft, customer_spec)
 
     def confirm_reserve() -> float:
-        # Customer, none, and one best per workload: what the decision cannot do without.
+        # The finalists (customer, none, each workload's best, the mix's best) as screened so
+        # far: what the decision cannot do without.
         if not run.costs.known:
             return 0.0
-        must = {customer, NO_SPECULATION}
-        for w in workloads:
-            screened = {s: r[w] for s, r in run.costs.rates.items() if r.get(w)}
-            if screened:
-                must.add(max(screened, key=lambda s: screened[s]))
+        must, _ = choose_finalists(run.runs_read(), customer, workloads, share)
         return sum(
             run.costs.trial_s(s, workloads, run.confirm_protocol) for s in must if s not in run.confirmed
         )
@@ -536,8 +624,13 @@ def run_specdec(
     def screen_one(setting: Setting) -> Mapping[str, float] | None:
         return run.screen(setting, spec_for(setting))
 
-    def leaders() -> dict[str, float]:
-        return {w: max((r[w] for r in run.costs.rates.values() if r.get(w)), default=0.0) for w in workloads}
+    def below_leader(setting: Setting, workload: str) -> bool:
+        read = run.runs_read()
+        rated = {s: v[workload] for s, v in read.items() if len(v.get(workload) or ()) >= 2}
+        if setting not in rated or not rated:
+            return False
+        leader = max(rated, key=lambda s: statistics.fmean(rated[s]))
+        return leader != setting and below_p(rated[setting], rated[leader]) < PRUNE_ALPHA
 
     seeds: dict[str, set[int]] = {}
     for method in methods:
@@ -558,7 +651,7 @@ def run_specdec(
                 k_max=k_max,
                 seeds=seeds[method],
                 afford=afford,
-                leaders=leaders,
+                below_leader=below_leader,
                 max_trials=min(allowed[method], MAX_TRIALS_PER_METHOD),
             )
             found_by[method] = found
@@ -576,16 +669,28 @@ def run_specdec(
     # 3. Finalists: each workload's best screened setting (the customer's and no
     #    speculation are confirmed already); then each workload's runner-up, while the
     #    budget allows.
-    finalists, runner_ups = choose_finalists(run.costs.rates, customer, workloads)
+    finalists, runner_ups = choose_finalists(run.runs_read(), customer, workloads, share)
     skipped: list[dict[str, Any]] = []
-    for setting in finalists + runner_ups:
-        if setting in run.confirmed or (setting in run.screened and run.screened[setting] is None):
-            continue  # confirmed first, or refused: it will not start now either
+    todo = [
+        s
+        for s in finalists + runner_ups
+        if s not in run.confirmed and not (s in run.screened and run.screened[s] is None)
+    ]  # confirmed first, or refused: it will not start now either
+    # The setting the engine still runs (the one screened last) first: confirmed without a restart.
+    todo.sort(key=lambda s: s != run.serving)
+    for setting in todo:
         essential = setting in finalists
-        if not essential and not run.afford(setting, run.confirm_protocol, 0.0):
-            skipped.append({**setting.as_dict(), "why": "lab-time budget"})
-            log(f"specdec: runner-up {setting.label} not confirmed: the budget would be exceeded")
-            continue
+        if not essential:
+            # Runner-ups only with the remaining finalists' confirmations paid for.
+            reserve = sum(
+                run.costs.trial_s(s, workloads, run.confirm_protocol)
+                for s in todo
+                if s in finalists and s not in run.confirmed and s != setting
+            )
+            if not run.afford(setting, run.confirm_protocol, reserve):
+                skipped.append({**setting.as_dict(), "why": "lab-time budget"})
+                log(f"specdec: runner-up {setting.label} not confirmed: the budget would be exceeded")
+                continue
         progress(min(95.0, 5.0 + 90.0 * run.spent() / budget), f"confirming {setting.label}")
         run.confirm(setting, spec_for(setting) if setting != customer else customer_spec)
 

@@ -27,9 +27,6 @@ METHODS = ("ngram", "eagle3", "mtp")
 # Enough for a range of 16 (seeds, three doublings, four bisections) with noise moving
 # the best length once or twice; a method that needs more is not unimodal.
 MAX_TRIALS_PER_METHOD = 10
-# A method whose best screened rate is this far below the leading setting on every
-# workload is not refined further (refinement moves a unimodal peak by one length).
-PRUNE_MARGIN = 0.10
 
 
 @dataclass(frozen=True, order=True)
@@ -53,6 +50,8 @@ NO_SPECULATION = Setting(NONE, 0)
 Screen = Callable[[Setting], "Mapping[str, float] | None"]
 # Whether the lab-time budget still allows screening this setting.
 Afford = Callable[[Setting], bool]
+# Whether a setting's runs on a workload are significantly below the best setting's there.
+Below = Callable[[Setting, str], bool]
 
 
 @dataclass
@@ -123,28 +122,26 @@ def search_k(
     seeds: Iterable[int] = (1, 2),
     afford: Afford | None = None,
     max_trials: int = MAX_TRIALS_PER_METHOD,
-    leaders: Callable[[], Mapping[str, float]] | None = None,
-    prune_margin: float = PRUNE_MARGIN,
+    below_leader: Below | None = None,
 ) -> KSearch:
     """Search k in 1..k_max for `method`: seed lengths first, then the unimodal refinement.
 
     A refused length ends the range there (the engine does not take that many draft
     tokens, or the method at all when the first length is refused); the budget
     (`afford`) or `max_trials` may end the search early, which `stopped` says.
-    `leaders`: the best rate screened so far per workload by any setting; once this method's
-    rate has fallen past its best length on every workload and that best is more than
-    `prune_margin` below the leader everywhere, refining it cannot make it a finalist, so
-    the search stops there.
+    `below_leader`: whether a setting is significantly below the best setting read so far on
+    a workload (a statistical test on the runs, the caller's); once this method's rate has
+    fallen past its best length on every workload and that best is below the leader
+    everywhere, refining it (which moves a unimodal peak by one length) cannot make it a
+    finalist, so the search stops there.
     """
     search = KSearch(method, k_max)
     pending = sorted({k for k in seeds if 1 <= k <= k_max})
     trials = 0
     while True:
         if not pending:
-            if search.rates and leaders and _outclassed(search, workloads, leaders(), prune_margin):
-                search.stopped = (
-                    f"past its peak and more than {prune_margin:.0%} below the leader on every workload"
-                )
+            if search.rates and below_leader and _outclassed(search, workloads, below_leader):
+                search.stopped = "past its peak and significantly below the leader on every workload"
                 return search
             pending = next_lengths(search, workloads)
             if not pending:
@@ -175,17 +172,14 @@ def search_k(
     return search
 
 
-def _outclassed(
-    search: KSearch, workloads: Sequence[str], leaders: Mapping[str, float], margin: float
-) -> bool:
+def _outclassed(search: KSearch, workloads: Sequence[str], below_leader: Below) -> bool:
     for workload in workloads:
         best = search.best(workload)
-        lead = leaders.get(workload)
-        if best is None or not lead:
+        if best is None:
             return False
         above = [k for k in search.rates if k > best and workload in search.rates[k]]
         if not above:
             return False  # still rising, or at the end of what was measured
-        if search.rates[best][workload] >= lead * (1.0 - margin):
+        if not below_leader(Setting(search.method, best), workload):
             return False
     return True

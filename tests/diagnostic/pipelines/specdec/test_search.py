@@ -105,17 +105,40 @@ def test_the_budget_stops_the_search() -> None:
     assert calls == [1, 2] and found.stopped == "lab-time budget"
 
 
-def test_a_method_far_below_the_leader_and_past_its_peak_is_not_refined() -> None:
+def test_a_method_below_the_leader_and_past_its_peak_is_not_refined() -> None:
     calls: list[int] = []
     falling: Curve = lambda k: 20.0 - 2.0 * k  # noqa: E731
+    asked: list[tuple[str, int, str]] = []
+
+    def below(setting: Setting, workload: str) -> bool:
+        asked.append((setting.method, setting.k, workload))
+        return True
+
+    found = search_k(
+        "ngram", ["code"], screen_for({"code": falling}, calls=calls), k_max=16, below_leader=below
+    )
+    assert calls == [1, 2] and "significantly below the leader" in found.stopped
+    assert asked == [("ngram", 1, "code")]  # the test is asked about the method's best length
+
+
+def test_a_method_not_significantly_below_the_leader_is_refined() -> None:
+    calls: list[int] = []
     found = search_k(
         "ngram",
         ["code"],
-        screen_for({"code": falling}, calls=calls),
+        screen_for({"code": peaked(3)}, calls=calls),
         k_max=16,
-        leaders=lambda: {"code": 27.0},
+        below_leader=lambda _s, _w: False,
     )
-    assert calls == [1, 2] and "below the leader" in found.stopped
+    assert calls[:2] == [1, 2] and len(calls) > 2 and found.best("code") == 3
+
+
+def test_a_method_still_rising_is_refined_however_far_below() -> None:
+    calls: list[int] = []
+    rising: Curve = lambda k: 10.0 + k  # noqa: E731
+    search_k("ngram", ["code"], screen_for({"code": rising}, calls=calls), k_max=4,
+             below_leader=lambda _s, _w: True)
+    assert calls == [1, 2, 4, 3]
 
 
 def test_next_lengths_asks_for_the_gaps_next_to_the_best() -> None:

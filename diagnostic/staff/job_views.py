@@ -156,6 +156,7 @@ def job_detail(request: HttpRequest, job_id: Any) -> HttpResponse:
     context.update(
         telemetry=plots.telemetry_charts(reproduce if isinstance(reproduce, dict) else None),
         waterfall=plots.cold_start_waterfall(cold_start),
+        reproduced_s=reproduce.get("cold_start_s") if isinstance(reproduce, dict) else None,
         versions=list(job.report_versions.order_by("created_at", "id")),
         late=job.booking_id is not None and is_late(job),
     )

@@ -14,7 +14,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from diagnostic.jobs.models import FindingEdit, ReportVersion
-from diagnostic.jobs.report import current_edits, version_document
+from diagnostic.jobs.report import current_edits, render_version, version_document
 from diagnostic.staff.access import APPROVE, REFUND, abilities, staff_may, staff_required
 from diagnostic.staff.job_views import get_job
 from diagnostic.staff.review import (
@@ -118,21 +118,20 @@ def finding_edit(request: HttpRequest, job_id: Any, finding_id: int) -> HttpResp
 @staff_required
 @require_POST
 def render_new_version(request: HttpRequest, job_id: Any) -> HttpResponse:
-    from diagnostic.staff.tasks import render_report_version
-
+    """Render here, in the request (a few seconds, in the renderer's own limited child
+    process): the consultant who asked reads the new version and its diff on the page that
+    answers, whether or not workers are busy with lab days."""
     job = get_job(job_id)
     if not job.is_terminal:
         messages.error(request, "The report is written when the job ends; it is still running.")
         return redirect("staff:report", job_id=job.pk)
     before = set(job.report_versions.values_list("digest", flat=True))
-    render_report_version.delay(str(job.pk))
-    made = job.report_versions.exclude(digest__in=before).order_by("-created_at").first()
-    if made is not None:
+    made = render_version(job).row
+    if made.digest not in before:
         messages.success(request, f"Version {made.version} rendered ({made.pages} pages).")
-    elif len(before):
-        messages.success(request, "Rendered: the report is the same as a version already kept.")
     else:
-        messages.success(request, "The new version is being rendered; reload in a moment.")
+        messages.success(request, f"Rendered: the report is the same as version {made.version}, "
+                                  "already kept.")
     return redirect("staff:report", job_id=job.pk)
 
 

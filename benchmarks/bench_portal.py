@@ -200,6 +200,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
 
+    # The machine's own load before this run adds to it (the 1-minute average): on a shared
+    # machine the tail follows it, so the figures are printed beside it.
+    load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="bench-portal-"))
     env = production_env(args.database_url, work / "static", work / "out")
     create_database(args.database_url)
@@ -218,12 +221,13 @@ def main() -> int:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     figures: dict[str, Any] = {"clients": args.clients, "seconds": args.seconds, "think_ms": args.think_ms,
-                               "load_average": os.getloadavg()[0], "workers": args.workers,
+                               "load_average_before": load_before,
+                               "load_average_after": os.getloadavg()[0], "workers": args.workers,
                                "threads": args.threads, "failures": failures, "pages": {}}
     pacing = f"{args.think_ms:g} ms between a client's requests" if args.think_ms else "closed loop"
     print(f"portal under {args.clients} concurrent clients for {args.seconds:g} s, {pacing} "
           f"(gunicorn {args.workers}x{args.threads} gthread, PostgreSQL, DEBUG off; "
-          f"machine load average {os.getloadavg()[0]:.1f})")
+          f"machine load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after)")
     ok = failures == 0
     for name, values in timings.items():
         p50, p95, p99 = (percentile(values, q) for q in (50, 95, 99))

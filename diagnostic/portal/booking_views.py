@@ -20,7 +20,7 @@ from diagnostic.bookings.models import (
     cancel_booking,
     reschedule_booking,
 )
-from diagnostic.portal.calendar import is_bookable_now, lab_calendar
+from diagnostic.portal.calendar import CalendarDay, is_bookable_now, lab_calendar
 from diagnostic.portal.scoping import (
     bookings_for_customer,
     customer_required,
@@ -76,14 +76,9 @@ def book(request: HttpRequest) -> HttpResponse:
     return render(request, "portal/book.html", context, status=status)
 
 
-def _reschedule_choices(booking: Booking) -> list[LabDay]:
+def _reschedule_choices(booking: Booking) -> list[CalendarDay]:
     organisation = booking.organisation
-    return [
-        day.lab_day
-        for week in lab_calendar(organisation)
-        for day in week
-        if day.bookable and day.lab_day is not None
-    ]
+    return [day for week in lab_calendar(organisation) for day in week if day.bookable]
 
 
 @customer_required

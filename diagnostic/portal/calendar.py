@@ -15,7 +15,9 @@ from diagnostic.bookings.models import Booking, LabDay, Organisation
 @dataclass(frozen=True)
 class CalendarDay:
     date: dt.date
-    lab_day: LabDay | None
+    # The lab day's id (None: the lab has no day that date); rows, not model instances, as
+    # the calendar reads up to 63 of them a request.
+    lab_day_id: int | None
     # "available", "booked", "yours", "closed", "soon" (inside the cutoff), "none" (no lab day)
     state: str
 
@@ -60,8 +62,10 @@ def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) ->
     days = settings.PORTAL_CALENDAR_DAYS
     end = monday + dt.timedelta(days=days + (7 - days % 7) % 7)
     lab_days = {
-        d.date: d
-        for d in LabDay.objects.filter(date__gte=monday, date__lt=end).only("id", "lab_id", "date", "closed")
+        date: (pk, closed)
+        for pk, date, closed in LabDay.objects.filter(date__gte=monday, date__lt=end).values_list(
+            "pk", "date", "closed"
+        )
     }
     active = dict(
         Booking.objects.filter(lab_day__date__gte=monday, lab_day__date__lt=end)
@@ -71,12 +75,12 @@ def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) ->
     weeks: list[list[CalendarDay]] = []
     date = monday
     while date < end:
-        lab_day = lab_days.get(date)
-        if lab_day is None:
+        lab_day_id, closed = lab_days.get(date, (None, False))
+        if lab_day_id is None:
             state = "none"
         elif date in active:
             state = "yours" if active[date] == organisation.pk else "booked"
-        elif lab_day.closed:
+        elif closed:
             state = "closed"
         elif date < first:
             state = "soon"  # inside the change cutoff: too late to book online
@@ -84,7 +88,7 @@ def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) ->
             state = "available"
         if date.weekday() == 0:
             weeks.append([])
-        weeks[-1].append(CalendarDay(date, lab_day, state))
+        weeks[-1].append(CalendarDay(date, lab_day_id, state))
         date += dt.timedelta(days=1)
     # Weeks after the last lab day would only be empty squares.
     while weeks and all(day.state == "none" for day in weeks[-1]):

@@ -19,6 +19,7 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/timeline/", job_views.job_timeline, name="job-timeline"),
     path("jobs/<uuid:job_id>/<str:action>/", job_views.job_action, name="job-action"),
     path("lab/refresh/", lab_views.lab_refresh, name="lab-refresh"),
+    path("lab/sections/", lab_views.lab_sections, name="lab-sections"),
     path("reports/<uuid:job_id>/findings/<int:finding_id>/", review_views.finding_edit, name="finding-edit"),
     path("reports/<uuid:job_id>/render/", review_views.render_new_version, name="render"),
     path("reports/<uuid:job_id>/approve/", review_views.approve_version, name="approve"),

@@ -30,6 +30,7 @@ LOOKING = [
     "/staff/jobs/{job}/rerun-report/",
     "/staff/jobs/{job}/retry/?stage=reproduce",
     "/staff/lab/",
+    "/staff/lab/sections/",
     "/staff/reports/{job}/",
 ]
 # Running the day: any staff member, after the confirmation page (LOOKING has those).

@@ -70,6 +70,9 @@ def test_a_node_taken_down_shows_unreachable_at_the_next_poll(sim: SimLab, cast:
     assert 'class="badge unreachable">unreachable' in row
     assert "not reported" in page  # GPU temperature
     assert "{&quot;" not in page and '{"' not in page
+    # The fragment the open page re-reads says the same.
+    fragment = cast.client("staff").get("/staff/lab/sections/").content.decode()
+    assert 'class="badge unreachable">unreachable' in fragment.split(f'data-node="{victim}"', 1)[1]
 
     sim.set_node_down(victim, down=False)
     poll_lab(lab, factory)

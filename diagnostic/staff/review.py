@@ -7,8 +7,6 @@ it to the portal and emails it to the booking's contacts once per version.
 from __future__ import annotations
 
 import datetime as dt
-import difflib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +16,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from diagnostic.jobs.models import DiagnosticJob, Finding, FindingEdit, ReportVersion
-from diagnostic.jobs.report import current_edits, lab_day, recipients, version_document, version_message
+from diagnostic.jobs.report import (
+    NOTE_KEY,
+    current_edits,
+    lab_day,
+    recipients,
+    version_document,
+    version_message,
+)
 from reports.email import send_report_email
 from reports.models import first_sent_at, overrides_for
 from reports.moneyback import MoneyBackDecision, assess, report_deadline
@@ -64,27 +69,77 @@ def edit_finding(*, finding: Finding, by: User, title: str, narrative: str, note
 
 @dataclass(frozen=True)
 class DiffLine:
-    kind: str  # "add", "del", "hunk", "same"
+    kind: str  # "hunk" (what changed, in words), "del" (the older text), "add" (the newer)
     text: str
 
 
-def version_diff(older: ReportVersion, newer: ReportVersion) -> list[DiffLine]:
-    """The findings documents of two versions, line by line (unified, 2 lines of context)."""
-    def lines(version: ReportVersion) -> list[str]:
-        document = version_document(version)
-        if document is None:
-            return [f"(version {version.version} kept no findings document)"]
-        return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
+# A finding's words as staff edit them, by where they sit in the findings document.
+WORD_FIELDS = {("title",): "title", ("evidence", "summary"): "narrative",
+               ("evidence", NOTE_KEY): "consultant's note"}
+ABSENT = "(not in this version)"
 
-    out: list[DiffLine] = []
-    for line in difflib.unified_diff(lines(older), lines(newer), older.version, newer.version,
-                                     n=2, lineterm=""):
-        if line.startswith(("---", "+++")):
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
+    """Every scalar of a findings document by its path; a list of scalars is one value."""
+    if isinstance(value, dict):
+        out: dict[tuple[Any, ...], Any] = {}
+        for key, item in value.items():
+            out.update(_leaves(item, (*path, key)))
+        return out
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        out = {}
+        for index, item in enumerate(value):
+            out.update(_leaves(item, (*path, index)))
+        return out
+    return {path: value}
+
+
+def _shown(value: Any) -> str:
+    if value is ABSENT:
+        return ABSENT
+    if value is None:
+        return "(none)"
+    if isinstance(value, list):
+        return ", ".join(_shown(v) for v in value) or "(none)"
+    return str(value)
+
+
+def _label(path: tuple[Any, ...], codes: dict[int, str]) -> str:
+    return " › ".join(
+        (f"finding {codes.get(part, part)}" if i == 1 and path[0] == "findings" and isinstance(part, int)
+         else str(part).replace("_", " "))
+        for i, part in enumerate(path) if not (i == 0 and part == "findings" and len(path) > 1)
+    )
+
+
+def version_diff(older: ReportVersion, newer: ReportVersion) -> list[DiffLine]:
+    """What differs between two versions' findings documents, in words: the findings' titles,
+    narratives and notes first (what staff edit), by finding; then any other recorded value
+    that differs (a figure, a stage's record), each as its place, the older and the newer."""
+    documents = [version_document(older), version_document(newer)]
+    if documents[0] is None or documents[1] is None:
+        missing = older if documents[0] is None else newer
+        return [DiffLine("hunk", f"Version {missing.version} kept no findings document to compare.")]
+    old, new = _leaves(documents[0]), _leaves(documents[1])
+    codes = {i: str(f.get("code")) for i, f in enumerate((documents[1] or {}).get("findings") or [])
+             if isinstance(f, dict)}
+    words: list[DiffLine] = []
+    others: list[DiffLine] = []
+    for path in sorted(set(old) | set(new), key=lambda p: [str(x).zfill(6) for x in p]):
+        before, after = old.get(path, ABSENT), new.get(path, ABSENT)
+        if before == after:
             continue
-        kind = "hunk" if line.startswith("@@") else "add" if line.startswith("+") else \
-            "del" if line.startswith("-") else "same"
-        out.append(DiffLine(kind, line))
-    return out
+        field = WORD_FIELDS.get(tuple(path[2:])) if len(path) > 2 and path[0] == "findings" else None
+        if field is not None:
+            lines = words
+            label = f"Finding {codes.get(path[1], path[1])}: {field}"
+        else:
+            lines = others
+            label = _label(path, codes)
+        lines += [DiffLine("hunk", label), DiffLine("del", _shown(before)), DiffLine("add", _shown(after))]
+    if others:
+        others.insert(0, DiffLine("hunk", "Other recorded values that differ (not staff edits):"))
+    return words + others
 
 
 def deadline_of(job: DiagnosticJob) -> dt.datetime | None:

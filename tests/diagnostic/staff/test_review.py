@@ -66,6 +66,11 @@ def test_edits_are_kept_and_a_new_version_carries_them(finished: DiagnosticJob, 
     assert any("Weights stream from a slow network disk" in t for t in added)
     assert any("Weights load from a slow disk" in t for t in removed)
     assert not any("disk_read_mbps" in t for t in added + removed)
+    # In words, by finding, the words first; no JSON.
+    labels = [d.text for d in diff if d.kind == "hunk"]
+    assert set(labels[:3]) == {f"Finding load.weights_io: {field}"
+                               for field in ("title", "narrative", "consultant's note")}, labels
+    assert not any(t.lstrip().startswith(("{", '"')) for t in added + removed + labels)
 
 
 def test_a_title_cannot_be_emptied(finished: DiagnosticJob, approver: User) -> None:

@@ -273,19 +273,23 @@ def started_jobs(booking: Booking) -> models.QuerySet[Any]:
     return booking.jobs.exclude(status="cancelled").filter(~Q(status="queued") | Q(started_at__isnull=False))
 
 
-def _cancel_waiting_jobs(booking: Booking, now: dt.datetime) -> None:
-    """Cancel the jobs still waiting for the booking's lab day, with their stages."""
+def cancel_waiting_jobs(
+    booking: Booking, *, reason: str, now: dt.datetime | None = None, only: Any = None
+) -> int:
+    """Cancel the jobs (or the one job `only`) still waiting for the booking's lab day,
+    with their stages, saying why; returns how many. A job that has started is left be."""
     from diagnostic.jobs.models import DiagnosticJob, StageRun  # jobs depends on bookings
 
-    reason = "not run: the booking was cancelled before its lab day"
+    moment = now or timezone.now()
     waiting = DiagnosticJob.objects.filter(booking=booking, status="queued", started_at__isnull=True)
+    if only is not None:
+        waiting = waiting.filter(pk=only)
     ids = list(waiting.values_list("pk", flat=True))
     StageRun.objects.filter(job_id__in=ids, status="pending").update(
-        status="cancelled", status_message=reason, finished_at=now
+        status="cancelled", status_message=f"not run: {reason}", finished_at=moment
     )
-    waiting.filter(pk__in=ids).update(
-        status="cancelled", status_message="the booking was cancelled before its lab day",
-        cancel_requested=True, finished_at=now,
+    return waiting.filter(pk__in=ids).update(
+        status="cancelled", status_message=reason, cancel_requested=True, finished_at=moment
     )
 
 
@@ -338,7 +342,7 @@ def cancel_booking(*, booking: Booking, now: dt.datetime | None = None) -> Booki
     with transaction.atomic():
         booking = Booking.objects.select_for_update().get(pk=booking.pk)
         _check_changeable(booking, moment)
-        _cancel_waiting_jobs(booking, moment)
+        cancel_waiting_jobs(booking, reason="the booking was cancelled before its lab day", now=moment)
         if started_jobs(booking).exists():  # the lab day's start won a race with this cancel
             raise BookingRefused("the diagnostic for this booking has started; it can no longer be changed")
         booking.status = Booking.Status.CANCELLED

@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from diagnostic.bookings.configs import submit_configuration
-from diagnostic.bookings.models import Booking
+from diagnostic.bookings.models import Booking, cancel_waiting_jobs
 from diagnostic.jobs.orchestration import create_job
 from diagnostic.portal.jobrun import start_job
 from diagnostic.portal.scoping import customer_required, get_booking_for_customer
@@ -44,7 +44,11 @@ CHOICES = {
     "serving.jit_cache": JIT_CACHES,
     "speculative.method": SPEC_METHODS,
 }
-KEPT_INPUTS = ("source", "yaml_text", "command", *(input_name(d) for d, _ in STRUCTURED_FIELDS))
+# `replaces`: the waiting job a new confirmation replaces (named, so that a second click
+# on the same confirmation does not replace the job the first one made).
+KEPT_INPUTS = (
+    "source", "yaml_text", "command", "replaces", *(input_name(d) for d, _ in STRUCTURED_FIELDS)
+)
 
 
 def _kept(request: HttpRequest) -> dict[str, str]:
@@ -110,6 +114,7 @@ def _page(
 ) -> HttpResponse:
     context = {
         "booking": booking,
+        "replacing": _open_job(booking),
         "values": values,
         "errors": errors,
         "source": values.get("source", Source.COMMAND),
@@ -118,6 +123,19 @@ def _page(
         "command_mark": token_in_command(values.get("command", ""), errors.get("command", [])),
     }
     return render(request, "portal/config.html", context, status=status)
+
+
+def _initial(waiting: Any) -> dict[str, str]:
+    """The page's first values: empty, or the configuration a waiting job would run, to
+    change before the lab day (a form submission is offered as its normalized YAML)."""
+    if waiting is None:
+        return {"source": Source.COMMAND}
+    config = waiting.config
+    values = {"replaces": str(waiting.pk)}
+    if config.source == Source.COMMAND:
+        return {**values, "source": Source.COMMAND, "command": config.raw_text}
+    text = config.raw_text if config.source == Source.YAML else normalized_yaml(config.normalized)
+    return {**values, "source": Source.YAML, "yaml_text": text}
 
 
 def _open_job(booking: Booking) -> Any:
@@ -129,13 +147,13 @@ def _open_job(booking: Booking) -> Any:
 def booking_config(request: HttpRequest, booking_id: str) -> HttpResponse:
     booking = get_booking_for_customer(request, booking_id)
     job = _open_job(booking)
-    if job is not None:
+    if job is not None and not job.waits_for_lab_day():
         return redirect("portal:job", job_id=job.pk)
     if not booking.is_active:
         messages.error(request, "This booking is cancelled; book a new day to submit a configuration.")
         return redirect("portal:booking", booking_id=booking.uuid)
     if request.method == "GET":
-        return _page(request, booking, {"source": Source.COMMAND}, {})
+        return _page(request, booking, _initial(job), {})
     values = _kept(request)
     action = request.POST.get("action", "preview")
     if action == "edit":
@@ -159,8 +177,13 @@ def _confirm(request: HttpRequest, booking: Booking, submission: Submission) -> 
     with transaction.atomic():
         locked = Booking.objects.select_for_update().get(pk=booking.pk)
         existing = _open_job(locked)
-        if existing is not None:  # a second confirm (double click, two tabs) adds nothing
-            return redirect("portal:job", job_id=existing.pk)
+        if existing is not None:
+            replaces = request.POST.get("replaces", "")
+            if not (existing.waits_for_lab_day() and replaces == str(existing.pk)):
+                # A second confirm (double click, two tabs) adds nothing.
+                return redirect("portal:job", job_id=existing.pk)
+            cancel_waiting_jobs(locked, reason="replaced by a new configuration before the lab day",
+                                only=existing.pk)
         try:
             config = submit_configuration(
                 raw_text=submission.raw_text,

@@ -195,3 +195,35 @@ def test_the_beat_runs_the_lab_day_start() -> None:
     entry = app.conf.beat_schedule["start-due-jobs"]
     assert entry["task"] == "diagnostic.jobs.tasks.start_due_jobs"
     assert entry["task"] in app.tasks
+
+
+def test_the_configuration_can_be_replaced_until_the_lab_day(cast: Cast, lab: Any, broker: Broker) -> None:
+    (ahead,) = days(lab, 12)
+    booking = book_lab_day(lab_day=ahead, customer=cast.alice)
+    first = confirm(cast, booking)
+    page = cast.client("alice").get(f"/portal/bookings/{booking.uuid}/config/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert 'id="replacing"' in text and f'name="replaces" value="{first.pk}"' in text
+    assert "--enable-expert-parallel" in text  # the queued command, ready to change
+    job_page = cast.client("alice").get(f"/portal/jobs/{first.pk}/").content.decode()
+    assert "change the configuration" in job_page
+
+    changed = COMMAND.replace("--max-model-len 262144", "--max-model-len 131072")
+    data = {"source": "command", "command": changed, "action": "confirm", "replaces": str(first.pk)}
+    answer = cast.client("alice").post(f"/portal/bookings/{booking.uuid}/config/", data)
+    second = DiagnosticJob.objects.exclude(pk=first.pk).get(booking=booking)
+    assert answer["Location"] == f"/portal/jobs/{second.pk}/"
+    first.refresh_from_db()
+    assert first.status == "cancelled" and "replaced by a new configuration" in first.status_message
+    assert second.waits_for_lab_day() and second.config.normalized["serving"]["max_model_len"] == 131072
+    # The same confirmation sent twice replaces once.
+    again = cast.client("alice").post(f"/portal/bookings/{booking.uuid}/config/", data)
+    assert again["Location"] == f"/portal/jobs/{second.pk}/"
+    assert DiagnosticJob.objects.filter(booking=booking).count() == 2
+    assert broker.job_ids() == []
+
+    # Once the diagnostic has started the page leads to it instead.
+    DiagnosticJob.objects.filter(pk=second.pk).update(status="running", started_at=timezone.now())
+    late = cast.client("alice").get(f"/portal/bookings/{booking.uuid}/config/")
+    assert late.status_code == 302 and late["Location"] == f"/portal/jobs/{second.pk}/"

@@ -28,7 +28,7 @@ from diagnostic.staff.review import (
     sent_versions,
     version_diff,
 )
-from reports.findings import by_impact
+from reports.findings import build_impact, by_impact
 from reports.models import MoneyBackOverride, override_money_back, revert_override
 from reports.structure import humanize, value_text
 
@@ -38,6 +38,19 @@ def _read_only_rows(evidence: Any) -> list[tuple[str, str]]:
         return []
     return [(humanize(str(k)), value_text(str(k), v)) for k, v in evidence.items()
             if k not in ("summary", "consultant_note")]
+
+
+def _impact_rows(code: str, impact: Any) -> list[tuple[str, str]]:
+    """The measured impact in the report's own words (what the customer reads)."""
+    if not isinstance(impact, dict) or not impact:
+        return []
+    said = build_impact(code, impact)
+    rows = [(said.metric, f"{said.before} → {said.after}" + (f" ({said.change})" if said.change else "")),
+            ("95 % interval of the change", said.interval + (f", {said.n}" if said.n else "")),
+            ("Verdict", said.verdict)]
+    if impact.get("against"):
+        rows.append(("Measured against", value_text("against", impact["against"])))
+    return rows
 
 
 def _ordered_findings(job: Any) -> list[Any]:
@@ -65,7 +78,7 @@ def report_review(request: HttpRequest, job_id: Any) -> HttpResponse:
             "text": finding_text(finding, edits.get(finding.pk, {})),
             "evidence": _read_only_rows(finding.evidence),
             "change": _read_only_rows(finding.change),
-            "impact": _read_only_rows(impact) if impact else [],
+            "impact": _impact_rows(finding.code, impact),
             "history": list(finding.edits.select_related("edited_by").order_by("-edited_at", "-id")),
         })
     versions = list(job.report_versions.select_related("approved_by").order_by("created_at", "id"))

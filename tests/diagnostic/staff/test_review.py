@@ -140,3 +140,13 @@ def test_an_override_is_reverted_with_a_reason(finished: DiagnosticJob, approver
     assert review.decision_now(finished).override is None
     with pytest.raises(ValidationError, match="already reverted"):
         revert_override(override=row, reason="Cooling logs show it was within limits.", by=approver)
+
+
+def test_the_review_page_says_the_impact_in_the_reports_words(cast: Cast, finished: DiagnosticJob) -> None:
+    page = cast.client("staff").get(f"/staff/reports/{finished.pk}/").content.decode()
+    box = page.split('id="finding-', 1)[1].split("</article>", 1)[0]
+    assert "load.weights_io" in box  # the largest measured impact comes first
+    impact = box.split("Impact and interval", 1)[1]
+    assert "95 % interval of the change" in impact and "Improvement" in impact
+    assert "480" in impact and "300" in impact and "→" in impact
+    assert "cold_start_s" not in impact and "Ci95" not in impact

@@ -190,6 +190,14 @@ def test_a_consultant_watches_a_portal_job_live_then_reviews_and_approves(
         assert len(set(growing)) >= 2 and growing == sorted(growing), log_lengths
         assert log_lengths[-1][0] == "done", log_lengths
         assert log is not None
+        # The lab page, polled now: the engine the day left running is this job's.
+        lab_page = watch(staff.new_page(), errors)
+        lab_page.goto(f"{live_server.url}/staff/lab/")
+        lab_page.click("#refresh-lab")
+        head = lab_page.locator("tr.node[data-node='spark-01']")
+        assert "running" in head.inner_text(), head.inner_text()
+        assert head.locator(f"a[href='/staff/jobs/{job.pk}/']").count() == 1, head.inner_text()
+        screenshot(lab_page, "staff-live-07-lab")
         saved = StageRun.objects.get(job=job, name=log_stage).log
         assert log.inner_text("#stage-log").strip() == saved.strip()
         # The worker process ran it, not this one: the lease holder the timeline showed.

@@ -3,8 +3,8 @@ review page where a consultant edits a finding's narrative, renders a new versio
 the diff and approves it (one email on a real SMTP receiver, none on a second approval),
 then the customer's browser downloads that very version; screenshots of each page.
 
-Not covered here yet: watching a job queued from the portal run live (the portal's own
-browser test drives that path) and a running stage's log streaming."""
+On a finished job made in the database, so it runs without a broker; the same path from a
+job queued in the portal, watched live while a real worker runs it, is test_staff_live.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,11 @@
 """Reproduce: start the customer's configuration on the lab exactly as given, from cold,
 and keep what the start looked like.
 
+A configuration whose KV cache cannot hold one request of its max_model_len fails to
+start; when the engine names the length that fits, that is the customer's finding
+(load.kv_budget) and the day goes on with that length: it is started cold again, and its
+start is the one kept.
+
 Cold means cold (METHODOLOGY.md): the session stops every engine and drops the page
 cache before launching, and the telemetry sampler runs from before the launch, so the
 loading triage can read the whole cold start from this stage's result.
@@ -19,6 +24,8 @@ import math
 from typing import Any
 
 from diagnostic.jobs.context import StageContext, StopJob
+from diagnostic.pipelines import changes
+from diagnostic.pipelines.changes import apply_changes
 from diagnostic.pipelines.client import EndpointError
 from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
 from lab.engines import parse_log
@@ -41,7 +48,8 @@ def kv_budget_evidence(log_tail: str, engine: str = "vllm") -> dict[str, Any] | 
     """What the engine said when the KV cache could not hold one request of max_model_len:
     the configured length, the memory needed and available, and the longest that fits
     (the figures its wording gives), read by the engines' log parser."""
-    for event in parse_log(engine, log_tail.splitlines()):
+    # The last one: a log that holds an earlier start's refusal too ends with this start's.
+    for event in reversed(list(parse_log(engine, log_tail.splitlines()))):
         if event["kind"] == "kv_budget":
             return {k: event[k] for k in KV_BUDGET_FIELDS if event.get(k) is not None}
     return None
@@ -72,57 +80,25 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.check_cancelled()
 
     ctx.progress(10, "launching the customer's configuration with cold caches")
+    config_changes: list[dict[str, Any]] = []
     try:
         launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
     except LaunchFailed as exc:
-        ctx.log(f"the engine did not start on {exc.node}: {exc.reason}")
-        ctx.attach(f"engine log tail, {exc.node}", exc.log_tail)
-        telemetry = _collect_telemetry(ctx, sampler_from)
-        engine = str(config["engine"]["name"])
-        kv = kv_budget_evidence(exc.log_tail, engine)
-        if kv is not None:
-            # The configuration itself does not fit: the customer's to change, not our lab.
-            fits = kv.get("estimated_max_model_len")
-            change: dict[str, Any] = {
-                "note": "Free memory for the KV cache instead, if the context length matters more: a "
-                "higher serving.gpu_memory_utilization, an fp8 KV cache, or more nodes."
-            }
-            if fits:
-                change["config"] = {"serving.max_model_len": {"from": kv["max_model_len"], "to": fits}}
-            ctx.add_finding(
-                "load.kv_budget",
-                f"The KV cache cannot hold one request of {kv['max_model_len']:,} tokens, so the engine "
-                "refuses to start",
-                evidence={"node": exc.node, **kv},
-                change=change,
-                blocking=True,
-            )
-            raise StopJob(
-                f"reproduce: the configuration did not start on {exc.node}: its KV cache does not fit",
-                {"launched": False, "node": exc.node, "reason": exc.reason, **telemetry},
-            ) from exc
-        ctx.add_finding(
-            "lab.engine_crash",
-            f"The engine did not start on {exc.node}: {exc.reason}",
-            evidence={
-                "node": exc.node,
-                "reason": exc.reason,
-                "engine_error": exc.engine_error,
-                "exit_code": exc.exit_code,
-                "log_tail": exc.log_tail[-CRASH_TAIL_CHARS:],
-                # Each error the engine logged, a traceback as its final exception line.
-                "error_lines": [
-                    event["message"] for event in parse_log(engine, exc.log_tail.splitlines())
-                    if event["kind"] == "error"
-                ][-20:],
-            },
-            change={},
-            blocking=True,
-        )
-        raise StopJob(
-            f"reproduce: the configuration did not start on {exc.node} ({exc.reason})",
-            {"launched": False, "node": exc.node, "reason": exc.reason, **telemetry},
-        ) from exc
+        fitted = _start_failed(ctx, config, exc, sampler_from)
+        # The context does not fit, and the engine said the length that would: the rest of
+        # the day runs on the configuration with that length (the customer's to accept or
+        # trade for memory), started cold again with a fresh telemetry record.
+        config_changes = [fitted]
+        config = apply_changes(config, config_changes)
+        ctx.log(f"starting the configuration again, cold, with serving.max_model_len {fitted['to']:,}")
+        ctx.progress(30, "launching the configuration with the length that fits, cold caches")
+        session.start_sampler()
+        sampler_from = session.clock.now()
+        try:
+            launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
+        except LaunchFailed as again:
+            _start_failed(ctx, config, again, sampler_from, retry=True)
+            raise AssertionError("a second failed start stops the job") from again
 
     ctx.log(f"serving at {launched.endpoint} after {launched.cold_start_s:.1f} lab s")
     corrected = {node: c for node, c in launched.start_corrections_s.items() if abs(c) >= 1.0}
@@ -170,6 +146,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         },
         **telemetry,
         "customer_measurement": measured,
+        # A length that fits, when the configuration's did not: the day's other stages (and
+        # the tuned configuration) run with it.
+        "config_changes": config_changes,
         "sections": {"cold_start": cold_start},
     }
 
@@ -196,6 +175,86 @@ def measure_customer(ctx: StageContext, config: dict[str, Any]) -> dict[str, Any
     spent = ctx.session.clock.now() - began
     ctx.log(f"customer's configuration measured where it serves ({spent:.0f} lab s)")
     return {"section": section, "measured_at": began}
+
+
+def _start_failed(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, sampler_from: float, *,
+                  retry: bool = False) -> dict[str, Any]:
+    """What a start that failed tells, as findings. A KV cache that cannot hold one request
+    of max_model_len, with the length that would fit named by the engine, is the customer's
+    to change: the finding carries the change, and the change is returned for the day to go
+    on with. Anything else (or that length failing too) stops the job."""
+    ctx.log(f"the engine did not start on {exc.node}: {exc.reason}")
+    ctx.attach(f"engine log tail, {exc.node}", exc.log_tail)
+    telemetry = _collect_telemetry(ctx, sampler_from)
+    engine = str(config["engine"]["name"])
+    kv = kv_budget_evidence(exc.log_tail, engine)
+    stopped = {"launched": False, "node": exc.node, "reason": exc.reason, **telemetry}
+    if kv is not None and not retry:
+        # The configuration itself does not fit: the customer's to change, not our lab.
+        fits = kv.get("estimated_max_model_len")
+        change: dict[str, Any] = {
+            "note": "Free memory for the KV cache instead, if the context length matters more: a "
+            "higher serving.gpu_memory_utilization, an fp8 KV cache, or more nodes."
+        }
+        if fits:
+            change["config"] = {"serving.max_model_len": {"from": kv["max_model_len"], "to": fits}}
+            change["note"] = (f"The rest of the day ran with serving.max_model_len {fits:,}, the longest the "
+                              "engine said fits. " + change["note"])
+        ctx.add_finding(
+            "load.kv_budget",
+            f"The KV cache cannot hold one request of {kv['max_model_len']:,} tokens, so the engine "
+            "refuses to start",
+            evidence={"node": exc.node, **kv},
+            change=change,
+            blocking=not fits,
+        )
+        if fits:
+            return changes.change("serving.max_model_len", kv["max_model_len"], fits,
+                                  finding="load.kv_budget",
+                                  why="the longest context whose KV cache fits, as the engine said")
+        raise StopJob(
+            f"reproduce: the configuration did not start on {exc.node}: its KV cache does not fit",
+            stopped,
+        ) from exc
+    if kv is not None:
+        # The length the engine named did not fit either: nothing proved, the day stops here,
+        # and the finding says so (the one the first refusal made).
+        first = next((f for f in ctx.findings if f.code == "load.kv_budget"), None)
+        if first is not None:
+            first.blocking = True
+            first.evidence["retry"] = {"node": exc.node, **kv}
+            first.change["note"] = (
+                f"A start with serving.max_model_len {kv['max_model_len']:,}, the engine's first estimate, "
+                f"failed the same way (it then estimated {kv.get('estimated_max_model_len') or 0:,}). Free "
+                "memory for the KV cache: a higher serving.gpu_memory_utilization, an fp8 KV cache, or more "
+                "nodes; or a shorter context.")
+        raise StopJob(
+            f"reproduce: the configuration did not start on {exc.node}: its KV cache does not fit, even at "
+            "the length the engine said fits",
+            stopped,
+        ) from exc
+    ctx.add_finding(
+        "lab.engine_crash",
+        f"The engine did not start on {exc.node}: {exc.reason}",
+        evidence={
+            "node": exc.node,
+            "reason": exc.reason,
+            "engine_error": exc.engine_error,
+            "exit_code": exc.exit_code,
+            "log_tail": exc.log_tail[-CRASH_TAIL_CHARS:],
+            # Each error the engine logged, a traceback as its final exception line.
+            "error_lines": [
+                event["message"] for event in parse_log(engine, exc.log_tail.splitlines())
+                if event["kind"] == "error"
+            ][-20:],
+        },
+        change={},
+        blocking=True,
+    )
+    raise StopJob(
+        f"reproduce: the configuration did not start on {exc.node} ({exc.reason})",
+        stopped,
+    ) from exc
 
 
 def _collect_telemetry(ctx: StageContext, since: float) -> dict[str, Any]:

@@ -46,7 +46,7 @@ CACHE_HIT = "Directly load the compiled graph"
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    customer = ctx.customer_config
+    customer = customer_as_run(ctx)
     tuned = ctx.config
     workloads = tuple(customer["workloads"])
     changed = launch_view(tuned) != launch_view(customer)
@@ -171,12 +171,20 @@ def triage_after_samples(ctx: StageContext, tuned: dict[str, Any]) -> list[float
     samples = section.get("after_samples_s")
     if not section.get("proved") or not samples:
         return []
-    config = apply_changes(ctx.customer_config, triage.get("config_changes") or [])
+    config = apply_changes(customer_as_run(ctx), triage.get("config_changes") or [])
     if start_view(config) != start_view(tuned):
         ctx.log("tuned configuration: it starts differently from the triage's final step "
                 "(a change since then that a start feels); its cold starts are measured here")
         return []
     return [float(v) for v in samples]
+
+
+def customer_as_run(ctx: StageContext) -> dict[str, Any]:
+    """The customer's configuration as the lab could run it: as submitted, or with the
+    length that fits when its KV cache did not (reproduce's change, load.kv_budget)."""
+    reproduce = ctx.earlier_result("reproduce") or {}
+    fitted = reproduce.get("config_changes") or []
+    return apply_changes(ctx.customer_config, fitted) if fitted else ctx.customer_config
 
 
 def customer_cold_starts(ctx: StageContext) -> list[float]:

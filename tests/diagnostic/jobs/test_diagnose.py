@@ -133,6 +133,13 @@ def test_a_configuration_whose_kv_cache_does_not_fit_is_the_customers_finding_wi
     fits = evidence["estimated_max_model_len"]
     assert 0 < fits < 262144
     assert finding["change"]["config"] == {"serving.max_model_len": {"from": 262144, "to": fits}}
+    # The day tried the length the engine named, cold; this lab's fault leaves too little
+    # memory for any length, so that start failed too, and the finding says so. Nothing
+    # unproved goes into a tuned configuration.
+    assert evidence["retry"]["max_model_len"] == fits
+    assert evidence["retry"]["estimated_max_model_len"] < fits
+    assert f"{fits:,}" in finding["change"]["note"] and "failed the same way" in finding["change"]["note"]
+    assert not (document.get("tuned") or {}).get("changes")
     assert Finding.objects.get(code="load.kv_budget").blocking
     # The written report still goes out: what stopped the job, the fix, and that it is free.
     text = squash(pdf_text(out / "report.pdf", layout=False))

@@ -136,9 +136,10 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/portal/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 # django-axes first: it refuses a locked-out account or address before a password is checked.
+# Then Django's password check, whose session user comes with its organisation in one query.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    "diagnostic.accounts.backends.PortalBackend",
 ]
 # Failed logins: a lock per account and, separately, per client address.
 AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", 5, minimum=1)

@@ -18,6 +18,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
+from diagnostic.accounts import backends
 from diagnostic.accounts.invitations import InvitationUnusable, accept, find_usable
 
 
@@ -81,7 +82,7 @@ def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
             user = accept(token=token, password=form.cleaned_data["password1"])
         except InvitationUnusable as exc:
             return render(request, "accounts/invite_unusable.html", {"reason": str(exc)}, status=410)
-        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        login(request, user, backend=backends.PATH)
         return redirect("portal:bookings")
     return render(request, "accounts/accept_invite.html", {"form": form, "invitation": invitation})
 

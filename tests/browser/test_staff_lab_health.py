@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
 
 from diagnostic.bookings.models import Lab
 from diagnostic.celery import app
 from diagnostic.jobs.models import NodeHealth
 from lab.sim.lab import SimLab
+from tests.browser.test_staff_review import browser_as
 
 # The worker as the services tier starts it, and the fixtures it needs.
 from tests.diagnostic.conftest import REFERENCE_SCENARIO, REPO, postgres, redis_url, sim_state_dir  # noqa: F401
@@ -55,17 +55,6 @@ def beat(redis_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:  
     log.close()
 
 
-def staff_page(browser: Any, live_server: Any) -> Any:
-    user = User.objects.create_user(username="consultant", is_staff=True)
-    client = Client()
-    client.force_login(user)
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    host = live_server.url.split("//", 1)[1].split(":")[0]
-    context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value,
-                          "domain": host, "path": "/"}])
-    return context
-
-
 def wait_until(page: Any, check: Callable[[], bool], timeout_s: float, what: str,
                logs: Callable[[], str]) -> float:
     started = time.monotonic()
@@ -88,7 +77,8 @@ def test_a_node_taken_down_shows_unreachable_within_the_beat_minute(
 
     with SimLab(fast_scenario(tmp_path, REFERENCE_SCENARIO), tmp_path / "labsim-health") as sim:
         lab = Lab.objects.create(name="health-lab", inventory=str(sim.inventory_path))
-        context = staff_page(browser, live_server)
+        consultant = User.objects.create_user(username="consultant", is_staff=True)
+        context = browser_as(browser, live_server, consultant)
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))

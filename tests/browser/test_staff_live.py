@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 import yaml
 from django.contrib.auth.models import User
-from django.test import Client
 from django.utils import timezone
 from pypdf import PdfReader
 
@@ -29,6 +28,7 @@ from diagnostic.bookings.models import SIM_PREFIX, Booking, Lab, LabDay
 from diagnostic.jobs.models import DiagnosticJob, ReportVersion, StageRun
 from diagnostic.portal.demo import SCENARIO, serving_sim_lab
 from tests.browser import test_customer_path as walk
+from tests.browser.test_staff_review import browser_as
 
 # The cast and the staff fixtures, used here as in tests/diagnostic; the worker as the
 # services tier starts it.
@@ -52,16 +52,6 @@ NARRATIVE = "Watched live: the engine answered /health only after the whole cold
 DILATION = 60
 LOG_STAGE = "triage"
 FINISHED = ("succeeded", "partial", "failed", "cancelled")
-
-
-def browser_as(browser: Any, live_server: Any, user: User) -> Any:
-    client = Client()
-    client.force_login(user)
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-    host = live_server.url.split("//", 1)[1].split(":")[0]
-    context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value,
-                          "domain": host, "path": "/"}])
-    return context
 
 
 def watch(page: Any, errors: list[str]) -> Any:

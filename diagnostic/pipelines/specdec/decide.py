@@ -92,10 +92,19 @@ def decide_workload(
     alternatives = len(rated) - 1
     alpha = faster_alpha(alternatives)
     fastest = max(rated, key=lambda s: (statistics.fmean(rated[s]), -s.k, s.method == customer.method))
-    best_vs_customer = (
-        comparison(rated[customer], rated[fastest], alpha, one_sided=True) if fastest != customer else None
+    # Every alternative is tested (each at alpha, Bonferroni over them); the best is the
+    # fastest of those proved faster, so that one run a client stall made absurdly fast,
+    # which inflates its setting's mean and spread alike, does not hide another proved gain.
+    tests = {
+        s: comparison(rated[customer], rated[s], alpha, one_sided=True) for s in rated if s != customer
+    }
+    proved = [s for s, t in tests.items() if t["faster"]]
+    best = (
+        max(proved, key=lambda s: (statistics.fmean(rated[s]), -s.k, s.method == customer.method))
+        if proved
+        else customer
     )
-    best = fastest if best_vs_customer and best_vs_customer["faster"] else customer
+    best_vs_customer = tests.get(best) if best != customer else tests.get(fastest)
     none = rated.get(NO_SPECULATION)
     customer_vs_none = (
         comparison(none, rated[customer], ALPHA) if none is not None and customer != NO_SPECULATION else None
@@ -178,8 +187,9 @@ class Deployment:
 def choose_deployed(
     confirmed: Mapping[Setting, Samples], customer: Setting, weights: Mapping[str, float]
 ) -> Deployment | None:
-    """The one setting a server runs for the mix: the highest mix rate among settings
-    confirmed on every weighted workload, kept at the customer's unless proved faster."""
+    """The one setting a server runs for the mix: of the settings confirmed on every
+    weighted workload and proved faster than the customer's on the mix, the one with the
+    highest mix rate; the customer's when none is."""
     total = sum(w for w in weights.values() if w > 0)
     if total <= 0:
         return None
@@ -190,8 +200,12 @@ def choose_deployed(
     rates = {s: mix_rate(v, share)[0] for s, v in complete.items()}
     fastest = max(rates, key=lambda s: (rates[s], -s.k))
     alpha = faster_alpha(len(complete) - 1)
-    vs = mix_comparison(complete[customer], complete[fastest], share, alpha) if fastest != customer else None
-    chosen = fastest if vs and vs["faster"] else customer
+    tests = {
+        s: mix_comparison(complete[customer], complete[s], share, alpha) for s in complete if s != customer
+    }
+    proved = [s for s, t in tests.items() if t["faster"]]
+    chosen = max(proved, key=lambda s: (rates[s], -s.k)) if proved else customer
+    vs = tests.get(chosen) if chosen != customer else tests.get(fastest)
     return Deployment(chosen, fastest, round(rates[chosen], 4), vs, share)
 
 

@@ -115,3 +115,22 @@ def test_a_slower_alternative_is_never_called_faster() -> None:
         confirmed = {E3: {"code": runs(27.0, seed)}, E2: {"code": runs(27.0 * 0.97, 100 + seed)}}
         d = decide_workload("code", confirmed, E3)
         assert d is not None and d.best == E3 and d.verdict == "ok"
+
+
+def test_one_absurd_run_does_not_hide_a_proved_gain() -> None:
+    # A client stall made one of k = 2's runs read 2,877 tok/s: its mean is the highest and
+    # its spread too wide to prove anything; no speculation is still proved faster than the
+    # harmful n-gram k = 8, on the workload and on the mix.
+    stalled = runs(15.9, 21)
+    stalled[4] = 2877.0
+    confirmed = {
+        NG8: {"code": runs(10.6, 1)},
+        NO_SPECULATION: {"code": runs(16.2, 3)},
+        E2: {"code": stalled},
+    }
+    d = decide_workload("code", confirmed, NG8)
+    assert d is not None and d.fastest == E2
+    assert d.verdict == "harmful" and d.best == NO_SPECULATION
+    assert d.best_vs_customer is not None and d.best_vs_customer["faster"]
+    deployed = choose_deployed(confirmed, NG8, {"code": 1.0})
+    assert deployed is not None and deployed.fastest_mix == E2 and deployed.setting == NO_SPECULATION

@@ -10,8 +10,9 @@ Cold means cold (METHODOLOGY.md): the session stops every engine and drops the p
 cache before launching, and the telemetry sampler runs from before the launch, so the
 loading triage can read the whole cold start from this stage's result.
 
-The customer's configuration is then measured where it serves, with the measure stage's
-own protocol (two warm-ups, n = 15 per workload, the same prompt sets): it is serving right
+On a day whose later stages would replace the engine before the measure stage, the
+customer's configuration is then measured where it serves, with the measure stage's own
+protocol (two warm-ups, n = 15 per workload, the same prompt sets): it is serving right
 after a true cold start, and starting it again later would cost a start that compiles its
 kernels and waits at the rendezvous again (minutes of lab time on the reference lab). The
 measure stage records that measurement; when it is missing or incomplete (an engine that
@@ -112,9 +113,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.attach(f"engine log, {engine_log.node} ({engine_log.size} bytes)", engine_log.text,
                limit=LOG_TAIL_CHARS)
 
-    # Only for a day that measures: a day of preflight and reproduce alone does not.
-    planned = set(ctx.job.stage_runs.values_list("name", flat=True))
-    measured = measure_customer(ctx, config) if "measure" in planned else None
+    measured = measure_customer(ctx, config) if measure_here(ctx) else None
 
     cold_start = {
         "before_s": launched.cold_start_s,
@@ -151,6 +150,17 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "config_changes": config_changes,
         "sections": {"cold_start": cold_start},
     }
+
+
+def measure_here(ctx: StageContext) -> bool:
+    """Whether to measure the customer's configuration here: only on a day that measures it,
+    and only when a stage between this one and measure would replace the engine serving it
+    (with none, measure finds it still serving and measures it there itself)."""
+    plan = list(ctx.job.stage_runs.order_by("order").values_list("name", "order"))
+    at = {name: order for name, order in plan}
+    if "measure" not in at:
+        return False
+    return any(at[ctx.stage.name] < order < at["measure"] for _, order in plan)
 
 
 def measure_customer(ctx: StageContext, config: dict[str, Any]) -> dict[str, Any] | None:

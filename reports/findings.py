@@ -533,14 +533,22 @@ def impact_sources(findings: Mapping[str, Any]) -> dict[str, str]:
     sources: dict[str, str] = {}
     cold = findings.get("cold_start")
     waterfall = cold.get("waterfall") if isinstance(cold, Mapping) else None
-    alone = [w for w in waterfall or [] if isinstance(w, Mapping) and w.get("mode") == "alone"]
-    if alone:
-        runs = {str(w.get("n")) for w in alone}
+    steps = [w for w in waterfall or [] if isinstance(w, Mapping) and w.get("mode") != "baseline"]
+    alone = [w for w in steps if w.get("mode") == "alone"]
+    added = len(alone) <= 1  # each fix added to the ones before it, not each alone then all
+    proving = steps if added else alone
+    if proving:
+        runs = {str(w.get("n")) for w in proving}
         once = runs == {"1"}
         sources["load."] = (
             "Measured as "
             + ("one true cold start" if once else "true cold starts")
-            + " of your configuration with this fix alone (the waterfall in section 3.1)"
+            + (
+                " of your configuration with this fix added to the ones proved before it"
+                if added
+                else " of your configuration with this fix alone"
+            )
+            + " (the waterfall in section 3.1)"
             + (
                 "; a single start gives no interval, the waterfall shows each signature gone."
                 if once

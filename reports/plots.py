@@ -151,7 +151,7 @@ class WaterfallStep:
 
     label: str
     seconds: float
-    mode: str  # baseline | alone | all
+    mode: str  # baseline | alone | cumulative | all
     ci95: Sequence[float] | None
     remaining: Sequence[str]
 
@@ -159,7 +159,7 @@ class WaterfallStep:
 def cold_start_waterfall(steps: Sequence[WaterfallStep], *, scope: str) -> str:
     """Horizontal bars, one per proving run, in minutes, each labelled with its seconds, its
     change against the first (the customer's start) and the signatures it still showed."""
-    colours = {"baseline": BEFORE, "alone": "#7fa6c4", "all": AFTER}
+    colours = {"baseline": BEFORE, "alone": "#7fa6c4", "cumulative": "#7fa6c4", "all": AFTER}
     with matplotlib.rc_context(_RC):
         fig = _figure(0.55 + 0.34 * len(steps), left=1.75, right=2.6, top=0.1, bottom=0.45)
         ax = fig.subplots()

@@ -6,7 +6,7 @@ and each stall with the telemetry that attributes it.
 
 Shapes read (diagnostic/pipelines/triage/section.py documents them): `before_s`,
 `after_s`, `before_ci95`, `after_ci95`, `root_causes`; `waterfall[]`: {step, mode:
-baseline|alone|all, fixes, changes [{path, from, to}], n, cold_start_s, ci95, delta_s,
+baseline|alone|cumulative|all, fixes, changes [{path, from, to}], n, cold_start_s, ci95, delta_s,
 delta_ci95, signatures, signature_gone}; `steps[]`: {step, warm_up_lab_s}; `notes[]`;
 `phases[]`: {run, node, phase, start_s, end_s}; `stalls[]`: {run, node, cause, start_s,
 end_s, silent_s, telemetry: {t_s: [...], series...}}.
@@ -123,8 +123,11 @@ def _change_text(changes: Any) -> str:
 def waterfall_blocks(
     cold: Mapping[str, Any], waterfall: list[Mapping[str, Any]], figures: FigureCounter
 ) -> list[Block]:
-    """The waterfall of proving runs as a chart and a table: each fix alone, then all of them,
-    each a true cold start, with the stall signatures still seen in it and those gone."""
+    """The waterfall of proving runs as a chart and a table, each a true cold start, with the
+    stall signatures still seen in it and those gone. Two designs read alike: each fix added
+    to the ones proved before it (one `alone` step at most), or each fix alone then all."""
+    cumulative = sum(1 for w in waterfall if w.get("mode") == "alone") <= 1
+    fix_steps = [w for w in waterfall if w.get("mode") != "baseline" and w.get("fixes")]
     causes = [str(c) for c in cold.get("root_causes") or []]
     for step in waterfall:
         causes += [str(c) for c in step.get("signatures") or [] if str(c) not in causes]
@@ -146,8 +149,14 @@ def waterfall_blocks(
     if bars:
         plot = figures.plot(
             plots.cold_start_waterfall,
-            "True cold start of your configuration, of each fix applied alone, and of all of them together "
-            "(lab time). Beside each bar, the stall signatures still seen in that start.",
+            (
+                "True cold start of your configuration, then with each fix added to the ones before it; "
+                "the last bar has every change together"
+                if cumulative
+                else "True cold start of your configuration, of each fix applied alone, and of all of them "
+                "together"
+            )
+            + " (lab time). Beside each bar, the stall signatures still seen in that start.",
             steps=bars,
         )
         if plot:
@@ -163,8 +172,12 @@ def waterfall_blocks(
             delta = value - baseline
         delta_ci = as_interval(step.get("delta_ci95"))
         seen = {str(c) for c in step.get("signatures") or []}
-        if step.get("mode") == "all":
+        if step.get("mode") == "all" and cumulative and step.get("changes"):
+            change = _change_text(step.get("changes")) + ", with every change above: all of them together"
+        elif step.get("mode") == "all":
             change = "every change above, together"
+        elif step.get("mode") == "cumulative":
+            change = _change_text(step.get("changes")) + ", with the changes above"
         else:
             change = _change_text(step.get("changes")) or "none: your configuration"
         row = [
@@ -194,24 +207,23 @@ def waterfall_blocks(
     blocks.append(
         Block(
             "table",
-            caption="The waterfall: each fix applied alone to your configuration, then all together, each "
-            "measured with true cold starts; for each stall signature, whether that start still showed it.",
+            caption=(
+                "The waterfall: each fix added to the ones before it, the last row every change together, "
+                if cumulative
+                else "The waterfall: each fix applied alone to your configuration, then all together, "
+            )
+            + "each measured with true cold starts; for each stall signature, whether that start still "
+            "showed it.",
             columns=[*columns, *(c.removeprefix("load.").replace("_", " ") for c in causes)],
             numeric=[False, False, True, True, *([True] if any_ci else []), True, *(False for _ in causes)],
             rows=rows,
             wrap=True,
         )
     )
-    gone = [
-        str(step.get("fixes"))
-        for step in waterfall
-        if step.get("mode") == "alone" and step.get("signature_gone") is True and step.get("fixes")
-    ]
-    kept = [
-        str(step.get("fixes"))
-        for step in waterfall
-        if step.get("mode") == "alone" and step.get("signature_gone") is False and step.get("fixes")
-    ]
+    if not cumulative:  # each fix alone, then all: the "all" row proves no one fix
+        fix_steps = [w for w in fix_steps if w.get("mode") == "alone"]
+    gone = [str(step.get("fixes")) for step in fix_steps if step.get("signature_gone") is True]
+    kept = [str(step.get("fixes")) for step in fix_steps if step.get("signature_gone") is False]
     text = ""
     if gone:
         text = (

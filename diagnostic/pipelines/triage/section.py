@@ -9,8 +9,8 @@ The section's fields (lab seconds throughout):
   change removed the signature and the seconds.
 - `phases[]`: {run: before|after, node, phase, start_s, end_s}, seconds since the launch.
 - `waterfall[]`: {step, mode: baseline | alone (the first change, on the customer's
-  configuration alone) | all (the last step, every change proved before it and its own);
-  the steps between have no mode}, fixes (the code the step adds), changes
+  configuration alone) | cumulative (a change added to the ones proved before it) | all
+  (the last step, every change proved before it and its own)}, fixes (the code the step adds), changes
   (the config changes it adds), cumulative (the codes whose changes the start had: the ones
   proved before it and its own), n (true cold starts), samples_s, cold_start_s (their mean),
   ci95 (n > 1), lab_s, signatures (fault codes seen in that start), delta_s and delta_ci95
@@ -273,15 +273,13 @@ def build_result(before: ColdStart, after: ColdStart,
     for i, (cause, changes, start, previous) in enumerate(runs):
         added[cause] = (previous, start)
         label = fixes[cause].label
-        # "alone": its change on the customer's configuration, nothing else; "all": the last
-        # step, every change proved before it and its own. A step between has no mode of the
-        # findings schema's (its `cumulative` says what it had).
-        mode = "alone" if not had else "all" if i == len(runs) - 1 else None
+        # "alone": its change on the customer's configuration, nothing else; "cumulative": its
+        # change added to every one proved before it; "all": the last step, which has every
+        # proved change and its own (its `cumulative` says which).
+        mode = "alone" if not had else "all" if i == len(runs) - 1 else "cumulative"
         entry = waterfall_entry(("+ " if had else "") + label, start, fixes=cause, changes=changes,
-                                mode=mode or "", before=before, cause=cause, previous=previous,
+                                mode=mode, before=before, cause=cause, previous=previous,
                                 cumulative=[*had, cause], proved=cause in proved)
-        if mode is None:
-            entry.pop("mode")
         waterfall.append(entry)
         if cause in proved:
             had.append(cause)

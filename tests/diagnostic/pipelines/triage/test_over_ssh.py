@@ -21,7 +21,7 @@ def test_the_reference_story_over_loopback_ssh(tmp_path: Path) -> None:
     assert section["root_causes"] == list(FAULTS)
     assert section["before_s"] == pytest.approx(560, abs=25)
     assert section["after_s"] == pytest.approx(145, abs=20)
-    assert [w.get("mode") for w in section["waterfall"]] == ["baseline", "alone", None, "all"]
+    assert [w.get("mode") for w in section["waterfall"]] == ["baseline", "alone", "cumulative", "all"]
     # The loader (the most seconds) first, the NCCL names next, the JIT cache last.
     assert [w["fixes"] for w in section["waterfall"][1:]] == [
         "load.weights_io", "load.rendezvous", "load.jit_compile"]

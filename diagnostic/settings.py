@@ -280,7 +280,7 @@ DIAG_QUEUED_REQUEUE_S = envint("DIAG_QUEUED_REQUEUE_S", 300, minimum=1)
 # The synchronous `diagnose` gives up after this long (a lab day, with room to spare).
 DIAG_DIAGNOSE_TIME_LIMIT_S = envint("DIAG_DIAGNOSE_TIME_LIMIT_S", 12 * 3600, minimum=60)
 # Lab seconds a whole diagnostic day may spend (diagnose --budget-lab-s overrides per job).
-# METHODOLOGY.md's target is two lab hours; the reference day measures about 2.8 today
+# METHODOLOGY.md's target is two lab hours; the reference day measures about 2.5 today
 # (diagnostic/jobs/budget.py), so the default leaves it room.
 DIAG_DAY_BUDGET_LAB_S = envint("DIAG_DAY_BUDGET_LAB_S", 10800, minimum=60)
 DIAG_SIM_STATE_DIR = Path(envstr("DIAG_SIM_STATE_DIR", str(OUT_DIR / "labsim")))

@@ -38,7 +38,8 @@ def test_triage_proves_the_reference_story_from_reproduces_cold_start(tmp_path: 
     # One true cold start per step, each change added to the ones before it: the last step
     # is every change together, minutes faster, with no signature left.
     steps = cold["waterfall"][1:]
-    assert [w.get("mode") for w in steps] == ["alone", "cumulative", "all"] and all(w["n"] == 1 for w in steps)
+    assert [w.get("mode") for w in steps] == ["alone", "cumulative", "all"]
+    assert all(w["n"] == 1 for w in steps)
     assert [len(w["cumulative"]) for w in steps] == [1, 2, 3]
     assert [w["fixes"] for w in steps] == ["load.weights_io", "load.rendezvous", "load.jit_compile"]
     assert all(w["signature_gone"] and w["proved"] and w["step_delta_s"] < 0 for w in steps)

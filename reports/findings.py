@@ -43,6 +43,7 @@ from reports.structure import (
     describe_cause,
     humanize,
     value_text,
+    waterfall_proofs,
     workloads_in,
 )
 
@@ -533,10 +534,7 @@ def impact_sources(findings: Mapping[str, Any]) -> dict[str, str]:
     sources: dict[str, str] = {}
     cold = findings.get("cold_start")
     waterfall = cold.get("waterfall") if isinstance(cold, Mapping) else None
-    steps = [w for w in waterfall or [] if isinstance(w, Mapping) and w.get("mode") != "baseline"]
-    alone = [w for w in steps if w.get("mode") == "alone"]
-    added = len(alone) <= 1  # each fix added to the ones before it, not each alone then all
-    proving = steps if added else alone
+    added, proving = waterfall_proofs(waterfall or [])
     if proving:
         runs = {str(w.get("n")) for w in proving}
         once = runs == {"1"}

@@ -218,6 +218,17 @@ def present(section: Any) -> TypeGuard[Mapping[str, Any]]:
     return isinstance(section, Mapping) and bool(section)
 
 
+def waterfall_proofs(waterfall: Sequence[Any]) -> tuple[bool, list[Mapping[str, Any]]]:
+    """(added, steps) of a cold-start waterfall: whether it adds each fix to the ones proved
+    before it (one `alone` step at most) rather than trying each alone and then all together,
+    and the steps that each prove one fix (every step after the customer's start, or in the
+    each-alone design the `alone` ones)."""
+    steps = [w for w in waterfall if isinstance(w, Mapping) and w.get("mode") != "baseline"]
+    alone = [w for w in steps if w.get("mode") == "alone"]
+    added = len(alone) <= 1
+    return added, steps if added else alone
+
+
 def as_number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None

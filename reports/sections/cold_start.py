@@ -19,7 +19,16 @@ from typing import Any
 
 from reports import figures as fig
 from reports import plots
-from reports.structure import NOT_RUN, Block, FigureCounter, StageSection, as_interval, as_number, present
+from reports.structure import (
+    NOT_RUN,
+    Block,
+    FigureCounter,
+    StageSection,
+    as_interval,
+    as_number,
+    present,
+    waterfall_proofs,
+)
 
 STALL_SIGNATURES = {
     "load.weights_io": (
@@ -126,8 +135,8 @@ def waterfall_blocks(
     """The waterfall of proving runs as a chart and a table, each a true cold start, with the
     stall signatures still seen in it and those gone. Two designs read alike: each fix added
     to the ones proved before it (one `alone` step at most), or each fix alone then all."""
-    cumulative = sum(1 for w in waterfall if w.get("mode") == "alone") <= 1
-    fix_steps = [w for w in waterfall if w.get("mode") != "baseline" and w.get("fixes")]
+    cumulative, proofs = waterfall_proofs(waterfall)
+    fix_steps = [w for w in proofs if w.get("fixes")]
     causes = [str(c) for c in cold.get("root_causes") or []]
     for step in waterfall:
         causes += [str(c) for c in step.get("signatures") or [] if str(c) not in causes]
@@ -220,8 +229,6 @@ def waterfall_blocks(
             wrap=True,
         )
     )
-    if not cumulative:  # each fix alone, then all: the "all" row proves no one fix
-        fix_steps = [w for w in fix_steps if w.get("mode") == "alone"]
     gone = [str(step.get("fixes")) for step in fix_steps if step.get("signature_gone") is True]
     kept = [str(step.get("fixes")) for step in fix_steps if step.get("signature_gone") is False]
     text = ""

@@ -75,3 +75,24 @@ def test_the_throughput_table_sets_each_rate_against_the_hardware_s_bound(findin
         for w in ("code", "prose")
         for side in ("customer", "tuned")
     ]
+
+
+def test_a_cumulative_waterfall_is_told_as_fixes_added_to_the_ones_before() -> None:
+    from reports.findings import impact_sources
+    from reports.structure import waterfall_proofs
+
+    added_design = [{"mode": "baseline", "n": 2}, {"mode": "alone", "fixes": "load.weights_io", "n": 1},
+                    {"mode": "cumulative", "fixes": "load.rendezvous", "n": 1},
+                    {"mode": "all", "fixes": "load.jit_compile", "n": 1}]
+    added, proofs = waterfall_proofs(added_design)
+    assert added
+    assert [w["fixes"] for w in proofs] == ["load.weights_io", "load.rendezvous", "load.jit_compile"]
+    source = impact_sources({"cold_start": {"waterfall": added_design}})["load."]
+    assert "added to the ones proved before it" in source
+
+    alone_design = [{"mode": "baseline", "n": 2}, {"mode": "alone", "fixes": "load.weights_io", "n": 2},
+                    {"mode": "alone", "fixes": "load.rendezvous", "n": 2},
+                    {"mode": "all", "fixes": None, "n": 2}]
+    added, proofs = waterfall_proofs(alone_design)
+    assert not added and [w["fixes"] for w in proofs] == ["load.weights_io", "load.rendezvous"]
+    assert "with this fix alone" in impact_sources({"cold_start": {"waterfall": alone_design}})["load."]

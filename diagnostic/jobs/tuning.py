@@ -21,7 +21,7 @@ import yaml
 
 from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.pipelines.changes import apply_changes
-from lab.engines import render
+from lab.engines import normalize_config, render
 from lab.inventory import Node
 
 # Placeholders for what only the customer's own cluster knows.
@@ -95,6 +95,9 @@ def config_yaml(config: dict[str, Any], changes: list[dict[str, Any]] | None = N
 
 
 def config_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    # Both sides in the normalizer's field order: a configuration read back from PostgreSQL
+    # (jsonb keeps its own key order) would otherwise differ on every line.
+    before = normalize_config(before)
     a = yaml.safe_dump(before, sort_keys=False).splitlines(keepends=True)
     b = yaml.safe_dump(after, sort_keys=False).splitlines(keepends=True)
     return "".join(difflib.unified_diff(a, b, fromfile="submitted-config.yaml", tofile="tuned-config.yaml"))

@@ -45,7 +45,9 @@ BOOTSTRAP_RETRY_EVERY_S = 20.0
 MMAP_BURST_EVERY_S = 55.0
 ACTIVATION_PEAK_GIB = 2.3  # what KV profiling finds the forward pass needs
 GRAPH_POOL_GIB = 0.52
-KV_BUDGET_FRACTION = 0.4  # the kv_budget fault leaves this share of what one request needs
+# The kv_budget fault leaves the KV cache this share of what one request of the model's
+# native context needs: a fixed amount of memory on that lab, so a shorter max_model_len fits.
+KV_BUDGET_FRACTION = 0.4
 
 # FP4 backend names as the engine spells them in its log.
 BACKEND_LOG_NAMES = {
@@ -725,8 +727,10 @@ class EngineProcess:
         util = float(serving.get("gpu_memory_utilization") or 0.9)
         available = scenario.node["cuda_free_gib"] * util - weights_gib - ACTIVATION_PEAK_GIB - GRAPH_POOL_GIB
         needed = per_token * max_len / GIB
-        if scenario.faults("kv_budget"):
-            available = min(available, needed * KV_BUDGET_FRACTION)
+        for fault in scenario.faults("kv_budget"):
+            native = per_token * int(scenario.model["max_context"]) / GIB
+            cap = native * KV_BUDGET_FRACTION if fault["kv_budget"] is True else float(fault["kv_budget"])
+            available = min(available, cap)
         if available < needed:
             est = int(max(0.0, available) * GIB / per_token)
             self._error_traceback(

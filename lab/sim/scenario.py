@@ -422,6 +422,12 @@ def _faults(value: Any, path: str, node_names: list[str]) -> list[dict[str, Any]
             if not _is_number(raw):
                 raise _fail(kpath, raw, "a number of lab seconds (negative: the clock is behind)")
             fault = {kind: float(raw)}
+        elif kind == "kv_budget":
+            # true: the KV cache gets KV_BUDGET_FRACTION of what the model's native context
+            # needs; a number: that many GiB of KV cache per rank.
+            if raw is not True and not (_is_number(raw) and raw > 0):
+                raise _fail(kpath, raw, "true or GiB of KV cache per rank > 0")
+            fault = {kind: True if raw is True else float(raw)}
         else:
             if raw is not True:
                 raise _fail(kpath, raw, "true")

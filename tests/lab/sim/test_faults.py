@@ -3,6 +3,7 @@ louder faults (kv_budget, engine crash, node down, degraded NIC) show as specifi
 
 from __future__ import annotations
 
+import re
 import socket
 import statistics
 from collections.abc import Callable
@@ -108,6 +109,23 @@ def test_a_kv_budget_fault_fails_startup_at_kv_allocation(make_lab: Callable[...
     assert "Traceback (most recent call last):" in text
     assert "Graph capturing" not in text
     assert lab.head.status()["exit_code"] == 1
+
+
+def test_the_length_a_kv_budget_refusal_names_fits_on_the_same_lab(make_lab: Callable[..., SimLab]) -> None:
+    # The fault is a fixed amount of memory: the engine's estimate is a length that starts.
+    lab = make_lab("fault-kv-budget")
+    procs = launch(lab, out_of_box())
+    assert wait_exit(procs[0]) == 1
+    match = re.search(r"estimated maximum model length is (\d+)", procs[0].log_path.read_text())
+    assert match is not None
+    fits = int(match[1])
+    assert 0 < fits < 262144
+    stop_all(lab)
+    config = out_of_box()
+    config["serving"]["max_model_len"] = fits
+    head = wait_ready(launch(lab, config))
+    assert "GPU KV cache size:" in head.log_path.read_text()
+    assert lab.head.status()["exit_code"] is None
 
 
 def test_an_engine_crash_ends_serving_with_a_traceback(make_lab: Callable[..., SimLab]) -> None:

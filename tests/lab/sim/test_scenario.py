@@ -116,6 +116,14 @@ def test_faults_are_read_in_their_four_shapes() -> None:
     assert s.faults("node_down") == [{"node_down": "spark-05"}]
 
 
+def test_a_kv_budget_is_the_native_share_or_gib_per_rank_and_nothing_else() -> None:
+    s = parse_scenario(minimal(truth={"faults": [{"kv_budget": 12}]}))
+    assert s.truth["faults"] == [{"kv_budget": 12.0}]
+    for bad in (0, -3, "lots", False):
+        err = error_of(minimal(truth={"faults": [{"kv_budget": bad}]}))
+        assert err.field == "truth.faults[0].kv_budget" and "GiB" in str(err)
+
+
 def test_a_clock_offset_reads_as_lab_seconds_either_way_for_one_node_or_all() -> None:
     s = parse_scenario(minimal(truth={"faults": [{"clock_offset_s": -90, "node": "spark-02"},
                                                  {"clock_offset_s": 1.5}]}))

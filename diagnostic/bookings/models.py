@@ -259,9 +259,10 @@ class Booking(models.Model):
         return self.lab_day.starts_at - dt.timedelta(hours=settings.BOOKING_CHANGE_CUTOFF_H)
 
     def can_change(self, now: dt.datetime | None = None) -> bool:
+        # A day the lab closed may be left at any time: the closure was ours, not a late change.
         return (
             self.status in (self.Status.REQUESTED, self.Status.CONFIRMED)
-            and (now or timezone.now()) < self.change_deadline()
+            and (self.lab_day.closed or (now or timezone.now()) < self.change_deadline())
             and not started_jobs(self).exists()
         )
 
@@ -327,7 +328,7 @@ def _check_changeable(booking: Booking, now: dt.datetime | None) -> None:
     if started_jobs(booking).exists():
         raise BookingRefused("the diagnostic for this booking has started; it can no longer be changed")
     deadline = booking.change_deadline()
-    if (now or timezone.now()) >= deadline:
+    if not booking.lab_day.closed and (now or timezone.now()) >= deadline:
         hours = settings.BOOKING_CHANGE_CUTOFF_H
         raise BookingRefused(
             f"bookings can be changed until {hours} h before the lab day "

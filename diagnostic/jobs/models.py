@@ -35,9 +35,17 @@ class JobQuerySet(OrganisationScoped):
     """Jobs, with the filters the lab-day start and the reaper share."""
 
     def due(self, now: dt.datetime | None = None) -> JobQuerySet:
-        """Jobs that may run now: no booking, or a booking whose lab day has begun."""
+        """Jobs that may run now: no booking, or a booking whose lab day has begun and was
+        not closed (maintenance) before the job started."""
         today = timezone.localdate(now or timezone.now())
-        return self.filter(Q(booking__isnull=True) | Q(booking__lab_day__date__lte=today))
+        open_day = Q(booking__lab_day__closed=False) | Q(started_at__isnull=False)
+        return self.filter(Q(booking__isnull=True) | (Q(booking__lab_day__date__lte=today) & open_day))
+
+    def held_by_closed_day(self) -> JobQuerySet:
+        """Queued, never-started jobs whose booked lab day was closed after they were
+        confirmed: they wait until the booking moves to an open day."""
+        return self.filter(status=DiagnosticJob.Status.QUEUED, started_at__isnull=True,
+                           booking__lab_day__closed=True)
 
     def waiting_for_lab_day(self, now: dt.datetime | None = None) -> JobQuerySet:
         """Queued jobs whose booking's lab day is still ahead."""
@@ -128,9 +136,20 @@ class DiagnosticJob(models.Model):
         return booking.lab_day.starts_at if booking is not None else None
 
     def is_due(self, now: dt.datetime | None = None) -> bool:
-        """True once the job may run: it has no booking or its lab day has begun."""
+        """True once the job may run: it has no booking, or its lab day has begun and was
+        not closed before the job started."""
+        if self.held_by_closed_day:
+            return False
         starts = self.lab_day_starts_at
         return starts is None or (now or timezone.now()) >= starts
+
+    @property
+    def held_by_closed_day(self) -> bool:
+        """The booked lab day was closed (maintenance) after confirmation and the job never
+        started: it waits for the booking to move to an open day."""
+        booking = self.booking
+        return (booking is not None and booking.lab_day.closed and self.started_at is None
+                and self.status == self.Status.QUEUED)
 
     def waits_for_lab_day(self, now: dt.datetime | None = None) -> bool:
         return self.status == self.Status.QUEUED and not self.is_due(now)
@@ -140,6 +159,9 @@ class DiagnosticJob(models.Model):
         """The job's state in the words of the portal: a job confirmed ahead of its day
         says which day it waits for."""
         booking = self.booking
+        if booking is not None and self.held_by_closed_day:
+            day = booking.lab_day.date
+            return f"on hold: the lab closed on your lab day ({day:%A} {day.day} {day:%B %Y}); move the booking"
         if booking is not None and self.waits_for_lab_day():
             day = booking.lab_day.date
             return f"waiting for your lab day ({day:%A} {day.day} {day:%B %Y})"

@@ -45,7 +45,8 @@ WAITING_FOR_LAB_DAY = "waiting_for_lab_day"
 
 
 def _waits_for_lab_day(job_id: str) -> bool:
-    return DiagnosticJob.objects.filter(pk=job_id).waiting_for_lab_day().exists()
+    jobs = DiagnosticJob.objects.filter(pk=job_id)
+    return jobs.waiting_for_lab_day().exists() or jobs.held_by_closed_day().exists()
 
 
 @shared_task(bind=True, name="diagnostic.jobs.tasks.run_diagnostic", max_retries=None)

@@ -74,6 +74,7 @@ def _stage_context(job: DiagnosticJob) -> dict[str, Any]:
     return {
         "job": job,
         "waiting_for": job.booking.lab_day if waiting and job.booking is not None else None,
+        "held_by_closed_day": job.booking.lab_day if job.held_by_closed_day and job.booking else None,
         "can_change_booking": waiting and job.booking is not None and job.booking.can_change(),
         "stages": rows,
         "lab_total": lab_duration(total) if total else "",

@@ -161,7 +161,8 @@ class DiagnosticJob(models.Model):
         booking = self.booking
         if booking is not None and self.held_by_closed_day:
             day = booking.lab_day.date
-            return f"on hold: the lab closed on your lab day ({day:%A} {day.day} {day:%B %Y}); move the booking"
+            when = f"{day:%A} {day.day} {day:%B %Y}"
+            return f"on hold: the lab closed on your lab day ({when}); move the booking"
         if booking is not None and self.waits_for_lab_day():
             day = booking.lab_day.date
             return f"waiting for your lab day ({day:%A} {day.day} {day:%B %Y})"

@@ -1,9 +1,9 @@
 """The lab page in a real browser on the real polling path: `celery beat` (its own
 process, the schedule settings.py gives) sends the lab-health poll every
-STAFF_LAB_HEALTH_INTERVAL_S (a minute), a real worker runs it against the simulated lab
-over SSH, and the open page re-reads what was stored. A node powered off shows as
-unreachable, with its error, within that minute and without a reload; brought back, the
-page's "Poll the lab now" shows it answering at once."""
+STAFF_LAB_HEALTH_INTERVAL_S (a minute in production, 15 s here), a real worker runs it
+against the simulated lab over SSH, and the open page re-reads what was stored. A node
+powered off shows as unreachable, with its error, within one beat period and without a
+reload; brought back, the page's "Poll the lab now" shows it answering at once."""
 
 from __future__ import annotations
 
@@ -31,7 +31,16 @@ from tests.diagnostic.jobs.test_worker import Worker, start_worker  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
-INTERVAL_S = 60  # what settings.py schedules by default; the issue's "every minute"
+# The beat's period for this test; production's is a minute (settings.py, checked below).
+# A shorter one proves the same path, beat -> worker -> page, in a quarter of the wait.
+INTERVAL_S = 15
+
+
+def test_the_beat_polls_the_lab_every_minute_by_default(settings: Any) -> None:
+    if "STAFF_LAB_HEALTH_INTERVAL_S" not in os.environ:
+        assert settings.STAFF_LAB_HEALTH_INTERVAL_S == 60
+    entry = settings.CELERY_BEAT_SCHEDULE["poll-lab-health"]
+    assert entry["schedule"] == float(settings.STAFF_LAB_HEALTH_INTERVAL_S)
 
 
 @pytest.fixture
@@ -65,7 +74,7 @@ def wait_until(page: Any, check: Callable[[], bool], timeout_s: float, what: str
     raise AssertionError(f"not within {timeout_s:g} s: {what}\n{logs()}")
 
 
-def test_a_node_taken_down_shows_unreachable_within_the_beat_minute(
+def test_a_node_taken_down_shows_unreachable_within_one_beat_period(
     browser: Any, live_server: Any, screenshot: Any, start_worker: Callable[[str], Worker],  # noqa: F811
     beat: subprocess.Popen[bytes], tmp_path: Path,
 ) -> None:
@@ -100,7 +109,7 @@ def test_a_node_taken_down_shows_unreachable_within_the_beat_minute(
         row = f"tr.node[data-node='{victim}']"
         took = wait_until(page, lambda: "unreachable" in page.get_attribute(row, "class").split(),
                           INTERVAL_S + 10, f"{victim} unreachable on the open page", logs)
-        # Within the beat's minute (plus the page's own re-read), by a later beat poll.
+        # Within one beat period (plus the page's own re-read), by a later beat poll.
         assert took <= INTERVAL_S + 10
         down = NodeHealth.objects.get(lab=lab, node=victim)
         assert not down.reachable and down.checked_at > polled

@@ -29,8 +29,9 @@ from diagnostic.pipelines import changes
 from diagnostic.pipelines.changes import apply_changes
 from diagnostic.pipelines.client import EndpointError
 from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
+from diagnostic.pipelines.triage.coldstart import log_offsets
 from lab.engines import parse_log
-from lab.session import LabError, LaunchFailed
+from lab.session import LabError, LabSession, LaunchFailed
 
 # Lab seconds a cold start may take before it counts as hung: the reference lab's
 # worst published cold start is well under half of this.
@@ -82,6 +83,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     ctx.progress(10, "launching the customer's configuration with cold caches")
     config_changes: list[dict[str, Any]] = []
+    evidence = _launch_marks(session, config)
     try:
         launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
     except LaunchFailed as exc:
@@ -95,6 +97,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         ctx.progress(30, "launching the configuration with the length that fits, cold caches")
         session.start_sampler()
         sampler_from = session.clock.now()
+        evidence = _launch_marks(session, config)
         try:
             launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
         except LaunchFailed as again:
@@ -133,6 +136,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         # Per node, lab seconds added to the start it reported by its own clock (0 where
         # the clocks agree): a skewed clock shows here, not in cold_start_s.
         "start_corrections_s": launched.start_corrections_s,
+        # Where each node's log ended and the lab time just before the launch: the loading
+        # triage reads this start's evidence from exactly there, as it reads its own.
+        **evidence,
         "launch": [
             {k: spec.get(k) for k in ("node", "role", "rank", "argv", "env", "log_file")}
             for spec in launched.specs
@@ -265,6 +271,17 @@ def _start_failed(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, 
         f"reproduce: the configuration did not start on {exc.node} ({exc.reason})",
         stopped,
     ) from exc
+
+
+def _launch_marks(session: LabSession, config: dict[str, Any]) -> dict[str, Any]:
+    """Each node's log end, then the lab time, taken right before a launch. Unreadable logs
+    leave the offsets out (the triage then finds the start in the whole log)."""
+    nodes = [str(spec["node"]) for spec in session.specs_for(config)]
+    try:
+        offsets = log_offsets(session, nodes)
+    except LabError:
+        offsets = {}
+    return {"log_offsets": offsets, "launched_from": session.clock.now() - 2.0}
 
 
 def _collect_telemetry(ctx: StageContext, since: float) -> dict[str, Any]:

@@ -200,8 +200,9 @@ def _each(nodes: Sequence[str], fn: Callable[[str], Any]) -> dict[str, Any]:
         return dict(zip(nodes, pool.map(fn, nodes), strict=True))
 
 
-def _log_offsets(session: LabSession, nodes: Sequence[str]) -> dict[str, int]:
-    """Where each node's engine log ends now: a launch appends to it."""
+def log_offsets(session: LabSession, nodes: Sequence[str]) -> dict[str, int]:
+    """Where each node's engine log ends now: a launch appends to it, so what it writes is
+    read from here (the reproduce stage records these before its launch too)."""
     def size(node: str) -> int:
         try:
             return session.logs(node, tail_bytes=0).next_offset
@@ -225,7 +226,7 @@ def observe(session: LabSession, config: dict[str, Any], run: str, *, facts: Map
     running, and read its evidence."""
     began = session.clock.now()
     nodes = [spec["node"] for spec in session.specs_for(config)]
-    offsets = _log_offsets(session, nodes)
+    offsets = log_offsets(session, nodes)
     session.start_sampler(nodes)
     since = session.clock.now() - 2.0
     launched: LaunchResult = session.launch(config, cold=cold, timeout_s=LAUNCH_TIMEOUT_LAB_S)
@@ -255,10 +256,18 @@ def from_reproduce(session: LabSession, config: dict[str, Any], result: Mapping[
     if any(launched.get(s["node"]) != (s["argv"], s["env"]) for s in specs):
         return None, "reproduce launched a different configuration"
     nodes = [s["node"] for s in specs]
-    logs = _logs_since(session, dict.fromkeys(nodes, 0))
+    # A result that recorded where each log ended and when the launch went out is read
+    # exactly as `observe` reads its own start; an older one from the log's beginning, with
+    # the segment found near its last rank's start.
+    recorded = result.get("log_offsets") or {}
+    offsets = {node: int(recorded.get(node, 0)) for node in nodes}
+    launched_from = result.get("launched_from")
+    if launched_from is None:
+        launched_from = float(result["started_at"]) - REPRODUCE_START_SPREAD_S
+    logs = _logs_since(session, offsets)
     start = build("before", config, str(config["engine"]["name"]),
                   cold_start_s=float(result["cold_start_s"]),
-                  launched_from=float(result["started_at"]) - REPRODUCE_START_SPREAD_S,
+                  launched_from=float(launched_from),
                   started_at=float(result["started_at"]),
                   ready_at=float(result["ready_at"]), corrections=result.get("start_corrections_s") or {},
                   logs=logs, samples=telemetry, facts=facts, nodes=nodes, lab_s=0.0)

@@ -23,7 +23,7 @@ from diagnostic.pipelines.triage import coldstart as cs
 from diagnostic.pipelines.triage import frames as fr
 from diagnostic.pipelines.triage import section as rp
 from diagnostic.pipelines.triage.fixes import Fix, FixUnavailable, derive, launch_difference
-from diagnostic.pipelines.triage.signatures import FAULTS, JIT_COMPILE
+from diagnostic.pipelines.triage.signatures import FAULTS, INCOMPLETE, JIT_COMPILE, UNEXPLAINED
 from lab.session import LabSession, LaunchFailed
 
 # A change is proved when its signature is gone and the start is faster by more than the
@@ -75,6 +75,8 @@ class Triage:
         self.began = session.clock.now()
         self.notes: list[str] = []
         self.warmed: set[str] = set()  # kernel keys whose kept JIT cache holds compiled kernels
+        # Starts measured for a later step's configuration (by its launch), not yet used.
+        self.seen: dict[str, cs.ColdStart] = {}
         self.steps: list[dict[str, Any]] = []  # lab time per step
         self.facts: dict[str, Any] = {}
 
@@ -85,10 +87,49 @@ class Triage:
         return self.budget_lab_s is not None and self.spent() >= self.budget_lab_s
 
     def cold_start(self, config: dict[str, Any], run: str, *, have: int = 0,
-                   repeats: int | None = None) -> cs.ColdStart:
+                   repeats: int | None = None, filling: dict[str, Any] | None = None) -> cs.ColdStart:
         """True cold starts of `config` as its users see it, `repeats` of them (`have` fewer
         when some were measured already): when it keeps its JIT cache and nothing has filled
-        that cache yet, one warm start fills it first."""
+        that cache yet, one warm start fills it first.
+
+        `filling`: launch this instead, once: `config` with a kept JIT cache that nothing has
+        filled yet. An empty kept cache compiles every kernel as a cache that is not kept
+        does, so the start is `config`'s own (its evidence shows the same compile) and it
+        leaves the cache filled for the step that keeps it, which then needs no warm-up."""
+        if filling is not None:
+            start = cs.observe(self.session, filling, run, facts=self.facts,
+                               check_cancelled=self.check_cancelled)
+            self.warmed.add(_kernel_key(filling))
+            if JIT_COMPILE not in start.causes:
+                # The kept cache was filled already (a cache volume outlives a lab day): this
+                # start is the cache-keeping configuration's as its users see it, not
+                # `config`'s. Keep it for that step and measure `config` itself.
+                self.log(f"{run}: the kept JIT cache was filled already (no compile in a start with it, "
+                         f"{start.cold_start_s:.1f} lab s); measuring the step without it")
+                self.seen[_launch_key(filling)] = start
+                own = self.cold_start(config, run, have=have, repeats=repeats)
+                self.steps[-1]["lab_s"] = round(self.steps[-1]["lab_s"] + start.lab_s, 1)
+                self.steps[-1]["next_step_start_lab_s"] = round(start.lab_s, 1)
+                return own
+            start.config = config
+            self.notes.append(f"The {run} step started with the kept JIT cache attached but empty: it "
+                              "compiled as a start without one does, and filled the cache for the step "
+                              "that keeps it.")
+            self.steps.append({"step": run, "lab_s": round(start.lab_s, 1), "warm_up_lab_s": 0.0,
+                               "cold_start_s": start.cold_start_s, "n": 1, "fills_jit_cache": True})
+            for group in start.stalls:
+                self.log(f"{run}: {cs.describe(group)}")
+            self.log(f"{run}: cold start {start.cold_start_s:.1f} lab s, n = 1, launched with the kept "
+                     f"JIT cache attached and empty, which it filled ({start.lab_s:.0f} lab s spent)")
+            return start
+        earlier = self.seen.pop(_launch_key(config), None)
+        if earlier is not None and (self.repeats if repeats is None else repeats) - have <= 1:
+            self.log(f"{run}: cold start {earlier.cold_start_s:.1f} lab s, n = 1, measured by the step "
+                     "before (its start found the kept cache filled)")
+            earlier.run = run
+            self.steps.append({"step": run, "lab_s": 0.0, "warm_up_lab_s": 0.0,
+                               "cold_start_s": earlier.cold_start_s, "n": 1, "measured_by_step_before": True})
+            return earlier
         warm_up_s = 0.0
         key = _kernel_key(config)
         if config["serving"]["jit_cache"] == "persisted" and key not in self.warmed:
@@ -125,13 +166,20 @@ class Triage:
                     self.log(f"the customer's cold start is reproduce's: {start.cold_start_s:.1f} lab s")
                     self.steps.append({"step": "customer configuration (reproduce's start)", "lab_s": 0.0,
                                        "warm_up_lab_s": 0.0, "cold_start_s": start.cold_start_s})
-                    # The stalls are attributed on a start of our own, whose sampler and
-                    # logs this stage reads itself; reproduce's start adds its sample. Its
-                    # evidence rebuilt after the fact disagreed with ours on the reference
-                    # day (a 164 s stall it could not name, 75 s of JIT for 150), so it
-                    # never decides alone.
-                    have = 1 if self.baseline_repeats > 1 else 0
-                    more = self.cold_start(config, "before", have=have, repeats=self.baseline_repeats)
+                    for group in start.stalls:
+                        self.log(f"reproduce's start: {cs.describe(group)}")
+                    # Reproduce records where each log ended and when it launched, so its
+                    # start reads exactly as one of ours. Evidence that leaves a stall
+                    # unnamed, a node without telemetry or a node without log lines is
+                    # checked on a start of our own before anything is attributed.
+                    doubt = _doubt(start)
+                    if not doubt and self.baseline_repeats <= 1:
+                        self.log("attributing on reproduce's start: every stall has its signature")
+                        return start
+                    if doubt:
+                        self.log(f"reproduce's start: {doubt}; measuring one of our own to attribute on")
+                    # Reproduce's start is one sample: ours make up the rest (one at least).
+                    more = self.cold_start(config, "before", have=1, repeats=max(2, self.baseline_repeats))
                     if start.causes != more.causes:
                         theirs = ", ".join(start.causes) or "no signature"
                         ours = ", ".join(more.causes) or "no signature"
@@ -161,6 +209,39 @@ class Triage:
             self.notes.append("The configuration keeps its JIT cache: its cold start was measured after one "
                               "start had filled the cache, as its users see it.")
         return before
+
+
+def _launch_key(config: Mapping[str, Any]) -> str:
+    view = dict(config)
+    view.pop("reported", None)
+    return json.dumps(view, sort_keys=True, default=str)
+
+
+def _filling(triage: Triage, variant: dict[str, Any], fill: list[Change] | None) -> dict[str, Any] | None:
+    """`variant` with the kept JIT cache, when its start can fill that cache for the next
+    step: one start a step (repeats compile no more once the cache is filled), a variant
+    that keeps no cache itself, and a cache nothing has filled yet."""
+    if not fill or triage.repeats > 1 or variant["serving"]["jit_cache"] == "persisted":
+        return None
+    filling = apply_changes(variant, fill)
+    if filling["serving"]["jit_cache"] != "persisted" or _kernel_key(filling) in triage.warmed:
+        return None
+    return filling
+
+
+def _doubt(start: cs.ColdStart) -> str:
+    """Why a start's evidence cannot decide alone (empty when it can): a node without log
+    lines, or a stall that matches no signature or lacks telemetry on any of its nodes."""
+    if start.missing_logs:
+        return "no log lines from " + ", ".join(sorted(start.missing_logs))
+    unsure = [g for g in start.stalls if g.cause in (UNEXPLAINED, INCOMPLETE)]
+    if unsure:
+        return "; ".join(cs.describe(g) for g in unsure)
+    # Attributed from the other nodes, a stall is still a guess about the silent ones.
+    gaps = sorted({n for g in start.stalls for n in g.verdict.incomplete_nodes})
+    if gaps:
+        return "no telemetry from " + ", ".join(gaps) + " during a stall"
+    return ""
 
 
 def _proved(before: cs.ColdStart, after: cs.ColdStart, cause: str) -> bool:
@@ -222,7 +303,9 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
             log(f"lab-time budget spent before {left}")
             break
         progress(10 + 80 * i / max(1, len(order)), f"proving {fixes[cause].label}")
-        started = _try_fix(triage, fixes[cause], cause, base_config)
+        # The step before a kept-JIT-cache step fills that cache with its own compile.
+        fill = fixes[order[i + 1]].changes if i + 1 < len(order) and order[i + 1] == JIT_COMPILE else None
+        started = _try_fix(triage, fixes[cause], cause, base_config, fill=fill)
         if started is None:
             continue
         applied, start = started
@@ -262,15 +345,18 @@ def step_order(before: cs.ColdStart, causes: list[str]) -> list[str]:
     return sorted(causes, key=lambda c: (c == JIT_COMPILE, -cost[c]))
 
 
-def _try_fix(triage: Triage, fix: Fix, cause: str, base: dict[str, Any]) -> tuple[Fix, cs.ColdStart] | None:
+def _try_fix(triage: Triage, fix: Fix, cause: str, base: dict[str, Any], *,
+             fill: list[Change] | None = None) -> tuple[Fix, cs.ColdStart] | None:
     """The cold start of `base` (the changes proved so far) with the fix added; when the
-    engine refuses the change, the next candidate."""
+    engine refuses the change, the next candidate. `fill`: the next step's kept-JIT-cache
+    change, which this start carries (empty cache, the same compile) to fill that cache."""
     head = triage.session.specs_for(base)[0]
     for candidate in [fix, *fix.alternatives]:
         variant = apply_changes(base, candidate.changes)
         candidate.flags, candidate.env = launch_difference(head, triage.session.specs_for(variant)[0])
+        filling = _filling(triage, variant, fill)
         try:
-            return candidate, triage.cold_start(variant, candidate.label)
+            return candidate, triage.cold_start(variant, candidate.label, filling=filling)
         except LaunchFailed as exc:
             triage.notes.append(f"{candidate.label}: the engine did not start with it ({exc.reason}).")
             triage.log(f"{candidate.label}: launch failed on {exc.node}: {exc.reason}")

@@ -31,15 +31,19 @@ def test_triage_proves_the_reference_story_from_reproduces_cold_start(tmp_path: 
     cold = document["cold_start"]
     reproduce = StageRun.objects.get(name="reproduce").result
     assert isinstance(reproduce, dict)
-    # The customer's first cold start is reproduce's own; one more gives it an interval.
+    # The customer's cold start is reproduce's own: its evidence names every stall, so
+    # the triage attributes on it and pays for no start of its own.
     base = cold["waterfall"][0]
-    assert base["n"] == 2 and base["samples_s"][0] == pytest.approx(reproduce["cold_start_s"], abs=0.1)
+    assert base["n"] == 1 and base["samples_s"][0] == pytest.approx(reproduce["cold_start_s"], abs=0.1)
     assert cold["steps"][0]["lab_s"] == 0.0
     # One true cold start per step, each change added to the ones before it: the last step
     # is every change together, minutes faster, with no signature left.
     steps = cold["waterfall"][1:]
     assert [w.get("mode") for w in steps] == ["alone", "cumulative", "all"]
     assert all(w["n"] == 1 for w in steps)
+    # The step before the kept-JIT-cache step filled that cache: no warm-up start.
+    by_step = {s["step"]: s for s in cold["steps"]}
+    assert by_step["persisted JIT cache"]["warm_up_lab_s"] == 0.0
     assert [len(w["cumulative"]) for w in steps] == [1, 2, 3]
     assert [w["fixes"] for w in steps] == ["load.weights_io", "load.rendezvous", "load.jit_compile"]
     assert all(w["signature_gone"] and w["proved"] and w["step_delta_s"] < 0 for w in steps)

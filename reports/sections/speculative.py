@@ -198,6 +198,8 @@ def speculative_section(
             method = block.get("method", section.get("method"))
             k = block.get("k", section.get("k"))
             ci = as_interval(block.get("ci95"))
+            if block.get("phase") == "screen":  # not confirmed: its screening runs were enough
+                label = "no speculation (screening runs)"
             rows.append(
                 [
                     workload,

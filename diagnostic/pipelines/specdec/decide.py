@@ -2,7 +2,8 @@
 it beats the customer's and no speculation; for the server, the one setting to deploy.
 
 Every comparison uses the confirmation runs only (fresh n = 15 measurements, never the
-screening samples). Picking the fastest of several confirmed settings and then testing it
+screening samples), but for no speculation where it was not confirmed: a fixed reference,
+its screening runs are unbiased. Picking the fastest of several confirmed settings and then testing it
 on the same runs would favour noise, so each workload's test of "faster than the
 customer's" is one-sided at 5 % divided by the number of alternatives compared with the
 customer's setting (Bonferroni; at most 2.5 %, so a gain called significant also has a
@@ -82,10 +83,17 @@ class WorkloadDecision:
 
 
 def decide_workload(
-    workload: str, confirmed: Mapping[Setting, Samples], customer: Setting
+    workload: str,
+    confirmed: Mapping[Setting, Samples],
+    customer: Setting,
+    *,
+    none_runs: Sequence[float] | None = None,
 ) -> WorkloadDecision | None:
     """The decision on one workload from confirmed samples (None when the customer's
-    setting has no confirmed runs there: nothing to compare against)."""
+    setting has no confirmed runs there: nothing to compare against). `none_runs`: no
+    speculation's screening runs, compared against when it was not confirmed (a fixed
+    reference, not a selected maximum, so its short runs are unbiased; it is then no
+    candidate for the best)."""
     rated = {s: list(v[workload]) for s, v in confirmed.items() if len(v.get(workload) or ()) >= 2}
     if customer not in rated:
         return None
@@ -106,6 +114,8 @@ def decide_workload(
     )
     best_vs_customer = tests.get(best) if best != customer else tests.get(fastest)
     none = rated.get(NO_SPECULATION)
+    if none is None and none_runs is not None and len(none_runs) >= 2:
+        none = list(none_runs)
     customer_vs_none = (
         comparison(none, rated[customer], ALPHA) if none is not None and customer != NO_SPECULATION else None
     )

@@ -6,14 +6,18 @@ Every trial is a warm engine restart (page cache and JIT cache kept) of the conf
 with one speculative setting, then a measurement of every workload; no restart when the
 nodes already run the trial's launch spec (the customer's setting the previous stage left
 serving, the setting screened last when it is confirmed next), and none measured until every
-node's agent reports the spec hash the trial renders. The customer's setting and no
-speculation, which every decision needs, are confirmed first (n = 15); screening trials are
-short (n = 5) and the k-search (`search.py`) decides which lengths to screen, dropping a
-method past its peak and significantly below the leader; the finalists (each workload's
-best, the mix's best, and each workload's next best while its runs say it can still win and
-the budget allows) are confirmed with fresh n = 15 runs; the decision (`decide.py`) reads
-confirmation runs only. Lab time is the session's clock; the budget reserves what the confirmations
-will cost, estimated from the restarts and runs measured so far.
+node's agent reports the spec hash the trial renders. The customer's setting, which every
+decision needs, is confirmed first (n = 15); no speculation is screened like any other
+setting. Screening trials are short (n = 5) and the k-search (`search.py`) decides which
+lengths to screen, dropping a method past its peak and significantly below the leader; the
+finalists (each workload's best, the mix's best, and each workload's next best while its
+runs say it can still win and the budget allows) are confirmed with fresh n = 15 runs; the
+decision (`decide.py`) reads confirmation runs only. No speculation is confirmed too when it
+is a finalist or when its screening runs leave open whether the customer's setting is
+slower than it (harmful); otherwise the test against it reads its screening runs, which are
+a fixed reference's, not a selected maximum's, and so carry no winner's curse. Lab time is
+the session's clock; the budget reserves what the confirmations will cost, estimated from
+the restarts and runs measured so far.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from diagnostic.pipelines.changes import apply_changes, change
 from diagnostic.pipelines.specdec.catalog import load_catalog
 from diagnostic.pipelines.specdec.decide import (
+    ALPHA,
     Deployment,
     WorkloadDecision,
     choose_deployed,
@@ -181,8 +186,8 @@ def choose_finalists(
     """What to confirm with fresh runs, from the runs the search read (screening runs, or the
     confirmation runs of a setting confirmed first; refused settings absent).
 
-    Finalists, which the decision cannot do without: the customer's setting, no
-    speculation, each workload's best setting, and the best setting for the workload mix
+    Finalists, which the decision cannot do without: the customer's setting, each
+    workload's best setting, and the best setting for the workload mix
     (`weights`, equal by default). Runner-ups, confirmed while the budget allows: each
     workload's best setting outside the finalists, when it can still win: its runs are not
     significantly below that workload's best's (Welch, one-sided, at RUNNER_UP_ALPHA). A
@@ -196,7 +201,7 @@ def choose_finalists(
     def rated(workload: str) -> list[Setting]:
         return [s for s in screened if mean(s, workload)]
 
-    finalists: list[Setting] = list(dict.fromkeys([customer, NO_SPECULATION]))
+    finalists: list[Setting] = [customer]
     leaders: dict[str, Setting] = {}
     for w in workloads:
         if rated(w):
@@ -232,6 +237,24 @@ def below_p(runs: Sequence[float], leader: Sequence[float]) -> float:
         return 1.0
     test = welch(runs, leader)
     return test["p"] / 2.0 if test["diff"] < 0 else 1.0 - test["p"] / 2.0
+
+
+def none_open(
+    read: Mapping[Setting, Mapping[str, Sequence[float]]], customer: Setting, workloads: Sequence[str]
+) -> list[str]:
+    """The workloads on which the runs read leave open whether the customer's setting is
+    slower than no speculation: its runs are not significantly faster (two-sided Welch at
+    5 %) than no speculation's. On those, no speculation is confirmed with fresh runs so that
+    a harmful verdict rests on n = 15 a side; elsewhere its screening runs answer the test."""
+    if customer == NO_SPECULATION:
+        return []
+    mine, none = read.get(customer) or {}, read.get(NO_SPECULATION) or {}
+    open_on = []
+    for w in workloads:
+        a, b = list(mine.get(w) or ()), list(none.get(w) or ())
+        if len(a) < 2 or len(b) < 2 or not comparison(b, a, ALPHA)["faster"]:
+            open_on.append(w)
+    return open_on
 
 
 # -- lab time --------------------------------------------------------------------------------
@@ -593,12 +616,18 @@ def run_specdec(
     def spec_for(setting: Setting) -> Any:
         return speculative_block(setting, draft, customer_spec)
 
+    def must_confirm(read: Mapping[Setting, Mapping[str, Sequence[float]]]) -> list[Setting]:
+        must, _ = choose_finalists(read, customer, workloads, share)
+        if NO_SPECULATION not in must and none_open(read, customer, workloads):
+            must.append(NO_SPECULATION)
+        return must
+
     def confirm_reserve() -> float:
         # The finalists (customer, none, each workload's best, the mix's best) as screened so
         # far: what the decision cannot do without.
         if not run.costs.known:
             return 0.0
-        must, _ = choose_finalists(run.runs_read(), customer, workloads, share)
+        must = must_confirm(run.runs_read())
         return sum(
             run.costs.trial_s(s, workloads, run.confirm_protocol) for s in must if s not in run.confirmed
         )
@@ -608,14 +637,22 @@ def run_specdec(
             return True  # measured already: asking again costs nothing
         return run.afford(setting, run.screen_protocol, confirm_reserve())
 
-    # 1. The customer's setting and no speculation are in every decision, so they are
-    #    confirmed straight away (fresh n = 15, never screened) and the search reads their
-    #    confirmed means where it would have screened them: two restarts fewer.
+    # 1. The customer's setting is in every decision, so it is confirmed straight away
+    #    (fresh n = 15, never screened) and the search reads its confirmed means where it
+    #    would have screened it: a restart fewer. No speculation, the other reference, is
+    #    screened first: most days its short runs settle that the customer's setting is
+    #    faster than it, which is all the decision asks of it unless it is a finalist.
     progress(3.0, f"confirming {customer.label}")
     run.confirm(customer, customer_spec)
     if customer != NO_SPECULATION:
-        progress(5.0, "confirming no speculation")
-        run.confirm(NO_SPECULATION, None)
+        progress(5.0, "screening no speculation")
+        run.screen(NO_SPECULATION, None)
+        open_first = none_open(run.runs_read(), customer, workloads)
+        if open_first:
+            # Harm is the question: confirm it now, on the engine that serves it (no restart).
+            log(f"specdec: no speculation confirmed: on {', '.join(open_first)} its screening runs leave "
+                f"open whether {customer.label} is slower than it")
+            run.confirm(NO_SPECULATION, None)
     # 2. Screening: the methods' k-searches, interleaved. Every method first screens its
     #    seed lengths; then each takes one refinement trial in turn, so that the method
     #    searched last is not the one the budget starves. A search resumed with one more
@@ -666,10 +703,16 @@ def run_specdec(
             )
     searches = [found_by[m] for m in methods]
 
-    # 3. Finalists: each workload's best screened setting (the customer's and no
-    #    speculation are confirmed already); then each workload's runner-up, while the
-    #    budget allows.
+    # 3. Finalists: each workload's best screened setting (the customer's is confirmed
+    #    already), and no speculation when harm is still open; then each workload's
+    #    runner-up, while the budget allows.
     finalists, runner_ups = choose_finalists(run.runs_read(), customer, workloads, share)
+    settled = NO_SPECULATION in finalists or NO_SPECULATION in run.confirmed
+    open_on = [] if settled else none_open(run.runs_read(), customer, workloads)
+    if open_on:
+        finalists.append(NO_SPECULATION)
+        log(f"specdec: no speculation confirmed too: on {', '.join(open_on)} its screening runs leave open "
+            f"whether {customer.label} is slower than it")
     skipped: list[dict[str, Any]] = []
     todo = [
         s
@@ -716,10 +759,12 @@ def run_specdec(
         ),
     }
 
-    # 4. The decision.
+    # 4. The decision. No speculation's screening runs stand in for its confirmation where
+    #    it was not confirmed (none_open above says when that is enough).
+    none_screen = {} if NO_SPECULATION in run.confirmed else dict(run.runs_read().get(NO_SPECULATION) or {})
     decisions: dict[str, WorkloadDecision] = {}
     for w in workloads:
-        decision = decide_workload(w, run.confirmed, customer)
+        decision = decide_workload(w, run.confirmed, customer, none_runs=none_screen.get(w))
         if decision is not None:
             decisions[w] = decision
     deployment = choose_deployed(run.confirmed, customer, share)
@@ -769,9 +814,13 @@ def run_specdec(
 
 def _block(run: _Run, setting: Setting, workload: str) -> dict[str, Any] | None:
     samples = run.confirmed.get(setting, {}).get(workload)
-    if not samples:
-        return None
-    return {**setting.as_dict(), **confirmed_summary(samples)}
+    if samples:
+        return {**setting.as_dict(), **confirmed_summary(samples), "phase": "confirm"}
+    if setting == NO_SPECULATION:  # screened only: its screening runs answered the tests
+        screened = run.runs_read().get(setting, {}).get(workload)
+        if screened and len(screened) >= 2:
+            return {**setting.as_dict(), **confirmed_summary(screened), "phase": "screen"}
+    return None
 
 
 def _section(
@@ -867,7 +916,10 @@ def _section(
             "run does. Confirmation runs are fresh, never the screening samples.",
             "decision": "Welch's test on confirmation runs only, at 5 % divided by the number of "
             "alternatives compared with the customer's setting; the mix rate is "
-            "1 / sum(share / rate) with a delta-method interval",
+            "1 / sum(share / rate) with a delta-method interval. No speculation, a fixed reference "
+            "and not a selected maximum, is compared on its screening runs unless it is a finalist "
+            "or those runs leave open whether the customer's setting is slower than it; then it is "
+            "confirmed too",
         },
         "baseline": baseline,
         "none": none,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import random
 
-from diagnostic.pipelines.specdec.pipeline import below_p, choose_finalists
+from diagnostic.pipelines.specdec.decide import decide_workload
+from diagnostic.pipelines.specdec.pipeline import below_p, choose_finalists, none_open
 from diagnostic.pipelines.specdec.search import NO_SPECULATION, Setting
 
 E1, E2, E3, E4 = (Setting("eagle3", k) for k in (1, 2, 3, 4))
@@ -40,7 +41,8 @@ REFERENCE = {
 
 def test_a_low_screening_draw_next_to_the_best_is_still_confirmed() -> None:
     finalists, runner_ups = choose_finalists(screened(REFERENCE), E4, ["code", "prose"])
-    assert finalists == [E4, NO_SPECULATION, E2]  # E2 is also the mix's best
+    # No speculation is no finalist of its own (none_open says when it is confirmed too).
+    assert finalists == [E4, E2]  # E2 is also the mix's best
     # Code's next best outside the finalists is k = 3, 5 % below on five runs: not
     # significantly below, so it can still win.
     assert runner_ups == [E3]
@@ -78,3 +80,33 @@ def test_below_p_is_one_sided() -> None:
     low, high = runs(20.0, 1), runs(24.0, 2)
     assert below_p(low, high) < 0.01 and below_p(high, low) > 0.99
     assert below_p([20.0], high) == 1.0
+
+
+def test_no_speculation_is_confirmed_only_where_its_screen_leaves_harm_open() -> None:
+    read = screened(REFERENCE)
+    read[E4] = {"code": runs(26.0, 5, n=15), "prose": runs(20.3, 6, n=15)}  # its confirmation
+    # k = 4 is far above no speculation's five runs on both workloads: nothing is open.
+    assert none_open(read, E4, ["code", "prose"]) == []
+    # A customer's n-gram k = 2 on prose (13.8) against no speculation (16.2) is the harmful
+    # question itself; on code (19.6 against 16.2) it is settled.
+    read[NG2] = {"code": runs(19.6, 7, n=15), "prose": runs(13.8, 8, n=15)}
+    assert none_open(read, NG2, ["code", "prose"]) == ["prose"]
+    # Within noise of no speculation: open too (it could be slower).
+    read[E1] = {"code": runs(16.4, 9, n=15), "prose": runs(24.0, 10, n=15)}
+    assert none_open(read, E1, ["code", "prose"]) == ["code"]
+    # Never screened: open.
+    del read[NO_SPECULATION]
+    assert none_open(read, E4, ["code"]) == ["code"]
+    assert none_open(read, NO_SPECULATION, ["code"]) == []
+
+
+def test_an_unconfirmed_no_speculation_answers_the_tests_from_its_screening_runs() -> None:
+    confirmed = {E4: {"code": runs(26.0, 11, n=15)}, E2: {"code": runs(28.0, 12, n=15)}}
+    screen = runs(16.2, 13)
+    decision = decide_workload("code", confirmed, E4, none_runs=screen)
+    assert decision is not None and decision.verdict == "suboptimal" and decision.best == E2
+    assert decision.customer_vs_none is not None and decision.customer_vs_none["faster"]
+    # It is no candidate for the best: two alternatives are not three.
+    assert decision.alternatives == 1
+    without = decide_workload("code", confirmed, E4)
+    assert without is not None and without.customer_vs_none is None

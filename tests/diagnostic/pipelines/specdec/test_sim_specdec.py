@@ -63,6 +63,8 @@ def test_a_configuration_at_its_optimum_keeps_its_setting_and_a_refused_mtp_tria
     for w in ("code", "prose"):
         assert section["best"][w]["kept_customer"] is True
         assert section["best"][w]["n"] == 15
+        # k = 3 is far above no speculation's screening runs: they answered the harm test.
+        assert section["none"][w]["phase"] == "screen" and section["none"][w]["n"] == 5
     refused = [t for t in section["trials"] if t["status"] == "refused"]
     assert refused and {t["method"] for t in refused} == {"mtp"}
     assert "cannot serve 'mtp'" in refused[0]["error"]

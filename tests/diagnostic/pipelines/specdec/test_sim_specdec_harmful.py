@@ -34,6 +34,9 @@ def test_a_long_ngram_draft_is_harmful_on_both_workloads(tmp_path: Path) -> None
         )
     section = result["section"]
     assert section["verdicts"] == {"code": "harmful", "prose": "harmful"}
+    # Harm is the open question, so no speculation was confirmed: the verdict rests on n = 15 a side.
+    for w in ("code", "prose"):
+        assert section["none"][w]["phase"] == "confirm" and section["none"][w]["n"] == 15
     assert [f["code"] for f in result["findings"]] == ["specdec.harmful", "specdec.harmful"]
     for finding in result["findings"]:
         impact = finding["impact"]

@@ -13,3 +13,10 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("DEBUG", "1")
+
+# Under pytest-xdist each worker has its own test database (pytest-django suffixes its name)
+# and, here, its own Celery queue on the shared Redis: a worker process one test starts must
+# never take a job another test process enqueued for a database it cannot see.
+_xdist_worker = os.environ.get("PYTEST_XDIST_WORKER")
+if _xdist_worker:
+    os.environ["DIAG_QUEUE"] = f"{os.environ.get('DIAG_QUEUE', 'diagnostic')}-{_xdist_worker}"

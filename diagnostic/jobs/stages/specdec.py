@@ -13,11 +13,11 @@ from diagnostic.pipelines.specdec.pipeline import DEFAULT_BUDGET_LAB_S
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    # No ensure_serving: the first trial (the customer's setting) asks the nodes whether
-    # they run its launch spec already, as they do when the previous stage left this
-    # configuration serving, and measures it without a restart; otherwise it restarts, as
-    # every other trial does, so starting the configuration here would be a restart whose
-    # engine nobody measures.
+    # No ensure_serving: the first trial (the customer's setting, or no speculation when
+    # the FP4 stage left that serving) asks the nodes whether they run its launch spec
+    # already, as they do when the previous stage left this configuration serving, and
+    # measures it without a restart; otherwise it restarts, as every other trial does, so
+    # starting the configuration here would be a restart whose engine nobody measures.
     result = run_specdec(
         ctx.session,
         ctx.config,

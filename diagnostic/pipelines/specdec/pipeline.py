@@ -386,14 +386,18 @@ class _Run:
     def spent(self) -> float:
         return self.session.clock.now() - self.started
 
+    def config_for(self, spec: Any) -> dict[str, Any]:
+        """The configuration with `spec` as its speculative setting (None: none)."""
+        return apply_changes(
+            self.config,
+            [change("speculative", self.config.get("speculative"), spec, finding="specdec.trial")],
+        )
+
     # A trial: restart warm with the setting, measure every workload.
     def trial(self, setting: Setting, phase: str, spec: Any) -> dict[str, dict[str, Any]] | None:
         self.check_cancelled()
         protocol = self.screen_protocol if phase == "screen" else self.confirm_protocol
-        trial_config = apply_changes(
-            self.config,
-            [change("speculative", self.config.get("speculative"), spec, finding="specdec.trial")],
-        )
+        trial_config = self.config_for(spec)
         index = len({row["trial"] for row in self.trials}) + 1
         base = {
             "trial": index,
@@ -640,16 +644,24 @@ def run_specdec(
     # 1. The customer's setting is in every decision, so it is confirmed straight away
     #    (fresh n = 15, never screened) and the search reads its confirmed means where it
     #    would have screened it: a restart fewer. No speculation, the other reference, is
-    #    screened first: most days its short runs settle that the customer's setting is
-    #    faster than it, which is all the decision asks of it unless it is a finalist.
-    progress(3.0, f"confirming {customer.label}")
+    #    screened next (first when the engine already serves it, as after an FP4 stage
+    #    that measured speed without speculation): most days its short runs settle that
+    #    the customer's setting is faster than it, which is all the decision asks of it
+    #    unless it is a finalist.
+    none_serving = customer != NO_SPECULATION and session.serves(run.config_for(None))
+    if none_serving:
+        progress(3.0, "screening no speculation (the engine serves it)")
+        run.screen(NO_SPECULATION, None)
+    progress(4.0, f"confirming {customer.label}")
     run.confirm(customer, customer_spec)
     if customer != NO_SPECULATION:
-        progress(5.0, "screening no speculation")
-        run.screen(NO_SPECULATION, None)
+        if not none_serving:
+            progress(5.0, "screening no speculation")
+            run.screen(NO_SPECULATION, None)
         open_first = none_open(run.runs_read(), customer, workloads)
         if open_first:
-            # Harm is the question: confirm it now, on the engine that serves it (no restart).
+            # Harm is the question: confirm it now (on the engine that serves it, unless it
+            # was screened before the customer's setting).
             log(f"specdec: no speculation confirmed: on {', '.join(open_first)} its screening runs leave "
                 f"open whether {customer.label} is slower than it")
             run.confirm(NO_SPECULATION, None)

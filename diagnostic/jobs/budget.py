@@ -1,15 +1,17 @@
 """How a lab day's budget of lab seconds is shared among the stages of a job.
 
 METHODOLOGY.md wants the whole day on the reference 8-node lab in two lab hours. Measured
-on the simulated reference lab at dilation 45 (benchmarks/bench_day.py) it takes about
-8,800 lab s (2.4 hours): preflight 16, reproduce 1,475 (the customer's true cold start,
-560, and the customer's measurement where it then serves, about 840), triage 1,960 (a
-second customer cold start and three cumulative steps, the last with its JIT-cache warm-up),
-fp4 1,200, specdec 3,190, measure 940 (one tuned true cold start and the tuned
-measurement), report 9. It was 10,470 before reproduce measured the customer in place,
-the triage's waterfall became cumulative and measure borrowed the triage's final cold
-start. The engine's own starts and decode runs are most of that by LAB_MODEL.md's
-formulas; the default day budget stays three lab hours until the day fits two. Each stage
+on the simulated reference lab at dilation 45 (`make demo`, 2026-12-04) it takes 7,403 lab
+s: preflight 15, reproduce 1,442 (the customer's true cold start, 560, and the customer's
+measurement where it then serves), triage 966 (attributed on reproduce's start; three
+cumulative steps, the step before the JIT-cache step filling the cache), fp4 1,300 (rates
+without speculation; both candidates tried because the stop rule's interval reached -6 %
+on prose that run), specdec 2,761, measure ~915 (one tuned true cold start and the tuned
+measurement), report 4. When the FP4 stop rule holds (how often is not measured yet) the second
+candidate and specdec's first restart are saved, about 450 lab s more. It was 10,470 before reproduce
+measured the customer in place and 8,105 before no speculation was only screened and FP4
+measured speed without speculation. The engine's own starts and decode runs are most
+of that by LAB_MODEL.md's formulas; the default day budget stays three lab hours until the day fits two. Each stage
 gets what is left of the day once the stages after it have their reserve: the lab seconds
 each needs to do its work at all on an 8-node Kimi K2-class day, measured on the reference
 lab. A stage that runs out stops early and says what it did not try; the measure stage
@@ -27,13 +29,14 @@ RESERVE_LAB_S = {
     # The customer's true cold start (~630 lab s with the platform's own calls) and, on a
     # day that measures, its n = 15 measurement where it serves (~850).
     "reproduce": 1500.0,
-    # A second customer cold start and the three cumulative steps (~1,960 measured).
-    "triage": 2000.0,
-    # The default's checks and rate, the engine's list, two candidates (~1,200 measured).
-    "fp4": 1200.0,
-    # The customer's setting confirmed on the engine fp4 left serving (no restart), no
-    # speculation confirmed, the five seed lengths screened, one best confirmed: about
-    # 2,700 lab s at dilation 45; the whole search with its runner-ups 3,000 to 3,500.
+    # The three cumulative steps, attributed on reproduce's start (~960 measured).
+    "triage": 1050.0,
+    # The default's checks, its restart without speculation and rate, the engine's list,
+    # two candidates (~1,300 measured; ~1,000 when the first is shown to cost nothing).
+    "fp4": 1300.0,
+    # The customer's setting confirmed, no speculation screened, the five seed lengths
+    # screened, one best confirmed: about 2,700 lab s at dilation 45; the whole search with
+    # its runner-ups 2,800 to 3,300.
     "specdec": 2700.0,
     # One tuned true cold start and the tuned configuration's n = 15 per workload (~940).
     "measure": 1000.0,

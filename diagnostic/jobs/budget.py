@@ -7,15 +7,15 @@ measurement where it then serves), triage 966 (attributed on reproduce's start; 
 cumulative steps, the step before the JIT-cache step filling the cache), fp4 1,300 (rates
 without speculation; both candidates tried because the stop rule's interval reached -6 %
 on prose that run), specdec 2,761, measure ~915 (one tuned true cold start and the tuned
-measurement), report 4. When the FP4 stop rule holds (how often is not measured yet) the second
-candidate and specdec's first restart are saved, about 450 lab s more. It was 10,470 before reproduce
-measured the customer in place and 8,105 before no speculation was only screened and FP4
-measured speed without speculation. The engine's own starts and decode runs are most
-of that by LAB_MODEL.md's formulas; the default day budget stays three lab hours until the day fits two. Each stage
-gets what is left of the day once the stages after it have their reserve: the lab seconds
-each needs to do its work at all on an 8-node Kimi K2-class day, measured on the reference
-lab. A stage that runs out stops early and says what it did not try; the measure stage
-does not shorten its protocol.
+measurement), report 4. When the FP4 stop rule holds (how often is not measured yet) the
+second candidate and specdec's first restart are saved, about 450 lab s more. It was
+10,470 before reproduce measured the customer in place and 8,105 before no speculation was
+only screened and FP4 measured speed without speculation. The engine's own starts and
+decode runs are most of that by LAB_MODEL.md's formulas; the default day budget stays
+three lab hours until the day fits two. Each stage gets what is left of the day once the
+stages after it have their reserve: the lab seconds each needs to do its work at all on an
+8-node Kimi K2-class day, measured on the reference lab. A stage that runs out stops early
+and says what it did not try; the measure stage does not shorten its protocol.
 """
 
 from __future__ import annotations

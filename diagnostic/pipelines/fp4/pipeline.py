@@ -9,12 +9,11 @@ unknown one, restart with each, run the same checks and a short decode measureme
 per workload), and choose the fastest backend that passes every check. Speed is measured
 without speculative decoding, on the default too: a kernel's cost is the target model's,
 and draft acceptance over short runs spreads the rates 5-10 % (3 % without it), which would
-hide the cost the stop rule below has to bound. The search ends at
-the first backend that passes them with its speed cost against the default shown to be
-under 5 %: the fix then costs nothing the measurement resolves, and the backends not tried
-are listed with that reason. The report gets
-the verdicts before and after, the speed cost of correctness against the broken default
-with intervals, and canary examples side by side.
+hide the cost the stop rule below has to bound. The search ends at the first backend that
+passes them with its speed cost against the default shown to be under 5 %: the fix then
+costs nothing the measurement resolves, and the backends not tried are listed with that
+reason. The report gets the verdicts before and after, the speed cost of correctness
+against the broken default with intervals, and canary examples side by side.
 """
 
 from __future__ import annotations
@@ -410,8 +409,8 @@ def run_fp4(
     progress(8, f"checking the {backend_before} backend")
     checks = stage.checks(backend_before, "before")
     likelihood.judge([checks["likelihood"]], vocab_size=stage.vocab_size())
-    verdict_first, _ = verdict_of(checks["suite"].rate, checks["likelihood"], checks["probe"])
-    rate_before = _rate_without_speculation(stage) if verdict_first != "correct" else stage.rate()
+    verdict_before, _ = verdict_of(checks["suite"].rate, checks["likelihood"], checks["probe"])
+    rate_before = _rate_without_speculation(stage) if verdict_before != "correct" else stage.rate()
     before = _candidate_record(
         stage,
         backend_before,
@@ -422,7 +421,6 @@ def run_fp4(
         expressed=None,
         status="customer",
     )
-    verdict_before, _ = verdict_of(checks["suite"].rate, checks["likelihood"], checks["probe"])
     candidates = [before]
 
     chosen: dict[str, Any] | None = None

@@ -3,8 +3,8 @@ it beats the customer's and no speculation; for the server, the one setting to d
 
 Every comparison uses the confirmation runs only (fresh n = 15 measurements, never the
 screening samples), but for no speculation where it was not confirmed: a fixed reference,
-its screening runs are unbiased. Picking the fastest of several confirmed settings and then testing it
-on the same runs would favour noise, so each workload's test of "faster than the
+its screening runs are unbiased. Picking the fastest of several confirmed settings and then
+testing it on the same runs would favour noise, so each workload's test of "faster than the
 customer's" is one-sided at 5 % divided by the number of alternatives compared with the
 customer's setting (Bonferroni; at most 2.5 %, so a gain called significant also has a
 two-sided 95 % interval excluding zero). Whether the customer's setting is slower than no

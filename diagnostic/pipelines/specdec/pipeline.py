@@ -620,18 +620,13 @@ def run_specdec(
     def spec_for(setting: Setting) -> Any:
         return speculative_block(setting, draft, customer_spec)
 
-    def must_confirm(read: Mapping[Setting, Mapping[str, Sequence[float]]]) -> list[Setting]:
-        must, _ = choose_finalists(read, customer, workloads, share)
-        if NO_SPECULATION not in must and none_open(read, customer, workloads):
-            must.append(NO_SPECULATION)
-        return must
-
     def confirm_reserve() -> float:
-        # The finalists (customer, none, each workload's best, the mix's best) as screened so
-        # far: what the decision cannot do without.
+        # The finalists (customer, each workload's best, the mix's best) as screened so far:
+        # what the decision cannot do without. No speculation, when harm is open, was
+        # confirmed in step 1 already.
         if not run.costs.known:
             return 0.0
-        must = must_confirm(run.runs_read())
+        must, _ = choose_finalists(run.runs_read(), customer, workloads, share)
         return sum(
             run.costs.trial_s(s, workloads, run.confirm_protocol) for s in must if s not in run.confirmed
         )
@@ -715,16 +710,10 @@ def run_specdec(
             )
     searches = [found_by[m] for m in methods]
 
-    # 3. Finalists: each workload's best screened setting (the customer's is confirmed
-    #    already), and no speculation when harm is still open; then each workload's
+    # 3. Finalists: each workload's best screened setting (the customer's, and no
+    #    speculation when harm was open, are confirmed already); then each workload's
     #    runner-up, while the budget allows.
     finalists, runner_ups = choose_finalists(run.runs_read(), customer, workloads, share)
-    settled = NO_SPECULATION in finalists or NO_SPECULATION in run.confirmed
-    open_on = [] if settled else none_open(run.runs_read(), customer, workloads)
-    if open_on:
-        finalists.append(NO_SPECULATION)
-        log(f"specdec: no speculation confirmed too: on {', '.join(open_on)} its screening runs leave open "
-            f"whether {customer.label} is slower than it")
     skipped: list[dict[str, Any]] = []
     todo = [
         s

@@ -96,3 +96,18 @@ def test_a_cumulative_waterfall_is_told_as_fixes_added_to_the_ones_before() -> N
     added, proofs = waterfall_proofs(alone_design)
     assert not added and [w["fixes"] for w in proofs] == ["load.weights_io", "load.rendezvous"]
     assert "with this fix alone" in impact_sources({"cold_start": {"waterfall": alone_design}})["load."]
+
+
+def _speculative_rows(document: dict[str, Any]) -> list[list[str]]:
+    (stage,) = [s for s in report_content(document).stages if s.anchor == "speculative"]
+    return [list(r) for b in stage.blocks if b.kind == "table" for r in b.rows]
+
+
+def test_no_speculation_answered_by_its_screening_runs_is_labelled_so(findings: dict[str, Any]) -> None:
+    none = findings["speculative"]["none"]
+    none["code"] = {**none["code"], "phase": "screen", "n": 5}
+    rows = _speculative_rows(findings)
+    labels = {(r[0], r[1]) for r in rows}
+    assert ("code", "no speculation (screening runs)") in labels
+    # A confirmed one keeps its plain label.
+    assert ("prose", "no speculation") in labels

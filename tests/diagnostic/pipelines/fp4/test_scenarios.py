@@ -9,6 +9,7 @@ from typing import Any
 from diagnostic.pipelines.changes import apply_changes
 from diagnostic.pipelines.fp4 import FINDING, run_fp4
 from diagnostic.pipelines.fp4.backends import current_run
+from diagnostic.pipelines.fp4.pipeline import SPEED_NOTE
 
 from .labs import config, lab_session, scenario
 
@@ -44,6 +45,7 @@ def test_a_sound_default_is_left_alone(tmp_path: Path) -> None:
     assert fp4["backend_before"] == fp4["backend_after"] == "cutlass"
     assert result["findings"] == [] and result["config_changes"] == []
     assert len(fp4["candidates"]) == 1  # nothing else was tried
+    assert SPEED_NOTE not in fp4["notes"]  # no candidates to compare: rated as configured
     assert fp4["canary_pass_rate"]["before"] == 1.0 and fp4["canaries"] >= 80
     assert fp4["probe"]["cutlass"]["passed"] and fp4["table_row"] is None
     assert fp4["perplexity"]["before"] < 20
@@ -81,6 +83,9 @@ def test_the_reference_story(tmp_path: Path) -> None:
     assert set(fp4["candidates_source"]["supported"]) == {"flashinfer_cutlass", "cutlass", "marlin"}
     assert [c["backend"] for c in fp4["candidates"]] == ["flashinfer_cutlass", "cutlass", "marlin"]
     assert [c["status"] for c in fp4["candidates"][:2]] == ["customer", "measured"]
+    # The customer's eagle3 k = 4 is off while speed is compared (acceptance noise would hide
+    # a kernel's cost), and the change the stage proposes is the backend alone.
+    assert config()["speculative"]["method"] == "eagle3" and SPEED_NOTE in fp4["notes"]
     assert_search_ended_at_no_cost(fp4, "cutlass", "marlin")
     assert fp4["perplexity"]["before"] > 100 * fp4["perplexity"]["after"]
     assert not fp4["probe"]["flashinfer_cutlass"]["passed"] and fp4["probe"]["cutlass"]["passed"]

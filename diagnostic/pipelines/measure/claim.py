@@ -290,6 +290,44 @@ def classify_windows(
     return out
 
 
+def draft_acceptance(
+    windows: Sequence[StatsWindow], spans: Sequence[RequestSpan], *, resolution_s: float = 1.0
+) -> dict[str, Any] | None:
+    """What the engine's spec-decode lines say about one workload's drafts: the per-position
+    acceptance rates (vLLM's: the share of drafts whose position j was accepted, so the mean
+    acceptance length is 1 + their sum) and the mean acceptance length, pooled over the
+    windows that lie wholly within the workload's requests (warm-ups included: the same
+    workload), weighted by each window's drafts. Windows reaching outside may carry another
+    workload's steps and are left out. None when no such window has a spec-decode line."""
+    if not spans:
+        return None
+    lo = min(s.sent for s in spans)
+    hi = max(s.last for s in spans)
+    inside = [
+        w for w in windows
+        if w.drafted and w.accepted is not None and w.start >= lo and w.end + resolution_s <= hi
+    ]
+    if not inside:
+        return None
+    depth = min(len(w.per_position) for w in inside)
+    drafts = [float(w.drafted or 0) / max(1, len(w.per_position) or 1) for w in inside]
+    total = sum(drafts)
+    if total <= 0:
+        return None
+    pairs = list(zip(drafts, inside, strict=True))
+    per_position = [sum(d * w.per_position[j] for d, w in pairs) / total for j in range(depth)]
+    accepted = sum(float(w.accepted or 0) for w in inside)
+    return {
+        "source": "log",
+        "windows": len(inside),
+        "drafts": round(total, 1),
+        "accepted": accepted,
+        "drafted": sum(float(w.drafted or 0) for w in inside),
+        "mean_acceptance_length": round(1.0 + accepted / total, 4) if depth else None,
+        "per_position": [round(p, 4) for p in per_position],
+    }
+
+
 def log_claim(classified: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The server's rate from inner windows, per engine, beside delivery in the same windows."""
     inner = [c for c in classified if c["inner"]]

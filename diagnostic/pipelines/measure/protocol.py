@@ -323,6 +323,11 @@ def _set_beside_the_claim(
     from_log = claims.log_claim(classified)
     from_metrics = claims.metrics_claim(record.section["runs"])
     record.section["server_claim"] = {"log": from_log, "metrics": from_metrics}
+    # What the engine says of its drafts over these requests (speculative decoding only):
+    # the specdec stage reads a draft length's acceptance from it.
+    record.section["draft_acceptance"] = claims.draft_acceptance(
+        windows, record.spans, resolution_s=log_resolution_s
+    )
     record.causes = _reconcile(record.section, from_log, from_metrics, classified, trailing, record.idle)
 
 

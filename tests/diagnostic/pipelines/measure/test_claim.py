@@ -189,3 +189,28 @@ def test_the_timeline_stamps_instants_as_the_engine_log_does() -> None:
     timeline = LabTimeline(lambda s: s * 30.0, lambda: lab_epoch, clock=lambda: 50.0)
     assert timeline.log_seconds(50.0) == pytest.approx(event["ts"] + 0.25)
     assert timeline.log_seconds(51.0) - timeline.log_seconds(50.0) == pytest.approx(30.0)
+
+
+def _spec_window(end: float, drafted: int, accepted: int, per_position: list[float]) -> claims.StatsWindow:
+    w = _window(end, 30.0)
+    w.drafted, w.accepted, w.per_position = drafted, accepted, per_position
+    return w
+
+
+def test_draft_acceptance_pools_the_windows_wholly_within_the_workloads_requests() -> None:
+    # Two requests 100-130 and 131-160 (a warm-up and a measured run: the same workload).
+    spans = [_span(100.0, 130.0, 300, measured=False), _span(131.0, 160.0, 300)]
+    windows = [
+        _spec_window(105.0, 400, 100, [0.1, 0.05, 0.0, 0.0]),  # starts before the workload: out
+        _spec_window(115.0, 400, 300, [0.9, 0.6, 0.3, 0.2]),  # 100 drafts
+        _spec_window(125.0, 800, 560, [0.8, 0.5, 0.25, 0.15]),  # 200 drafts
+        _spec_window(160.0, 400, 0, [0.0, 0.0, 0.0, 0.0]),  # may end after the last byte: out
+    ]
+    got = claims.draft_acceptance(windows, spans)
+    assert got is not None and got["windows"] == 2 and got["drafts"] == 300.0
+    pooled = [(0.9 + 2 * 0.8) / 3, (0.6 + 1.0) / 3, 0.8 / 3, 0.5 / 3]  # weighted by drafts
+    assert got["per_position"] == pytest.approx(pooled, abs=1e-4)
+    assert got["mean_acceptance_length"] == pytest.approx(1.0 + 860 / 300, abs=1e-4)
+    # No spec-decode line in the workload's windows (no speculation): nothing to say.
+    assert claims.draft_acceptance([_window(115.0, 30.0)], spans) is None
+    assert claims.draft_acceptance(windows, []) is None

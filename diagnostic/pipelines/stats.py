@@ -56,6 +56,17 @@ def outlier_flags(samples: Sequence[float]) -> list[dict[str, Any]]:
     return flags
 
 
+def ranking_mean(samples: Sequence[float]) -> float:
+    """The mean of the samples not flagged as outliers: what ranks settings against each
+    other when a search picks which to measure further. One run a client stall made
+    absurd (a burst of tokens read as thousands a second) must not make a setting the
+    leader; the outlier stays in every reported mean and test."""
+    if not samples:
+        raise ValueError("no samples")
+    kept = [x for x, f in zip(samples, outlier_flags(samples), strict=True) if not f["outlier"]]
+    return statistics.fmean(kept or samples)
+
+
 def summarize(samples: Sequence[float], *, digits: int = 6) -> dict[str, Any]:
     """Mean, 95 % t-interval, sd, median, min, max, flagged outliers and the raw samples.
 

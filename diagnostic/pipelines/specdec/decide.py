@@ -7,9 +7,12 @@ its screening runs are unbiased. Picking the fastest of several confirmed settin
 testing it on the same runs would favour noise, so each workload's test of "faster than the
 customer's" is one-sided at 5 % divided by the number of alternatives compared with the
 customer's setting (Bonferroni; at most 2.5 %, so a gain called significant also has a
-two-sided 95 % interval excluding zero). Whether the customer's setting is slower than no
-speculation (harmful) is a two-sided question at 5 %. The deployed
-setting maximises the delivered rate of the customer's mix: with workload shares w_i of
+two-sided 95 % interval excluding zero), and asks for a gain above MIN_GAIN (2 %) of the
+customer's rate: drift between restarts moves a trial's runs together. The fastest
+setting shown per workload is the fastest proved faster, else the fastest confirmed by its
+ranking mean (not proved: the customer's setting is kept, no finding). Whether the
+customer's setting is slower than no speculation (harmful) is a two-sided question at 5 %.
+The deployed setting maximises the delivered rate of the customer's mix: with workload shares w_i of
 the generated tokens, a mix runs at H = 1 / sum(w_i / rate_i) (time adds up, not rates);
 its interval comes from the delta method, with Welch-Satterthwaite degrees of freedom.
 """
@@ -25,9 +28,17 @@ from typing import Any
 from scipy import stats as scipy_stats
 
 from diagnostic.pipelines.specdec.search import NO_SPECULATION, Setting
-from diagnostic.pipelines.stats import CONFIDENCE, summarize, welch
+from diagnostic.pipelines.stats import CONFIDENCE, ranking_mean, summarize, welch
 
 ALPHA = 0.05
+# A setting is called faster than the customer's only when its gain is shown to exceed this
+# share of the customer's rate. Each setting is measured after its own restart, at its own
+# time of the lab day, and what drifts between restarts (the lab's load, and on the
+# simulated lab the machine's) moves a whole trial's runs together, which the runs' own
+# spread cannot show: bench-specdec saw the customer's first trial 1.5 to 3.4 % below
+# LAB_MODEL's formula, and one length 1.5 % slower than the customer's called faster at
+# n = 15. A gain under 2 % is also not worth a change to a serving configuration.
+MIN_GAIN = 0.02
 
 # workload -> decode-rate samples of one confirmed setting
 Samples = Mapping[str, Sequence[float]]
@@ -42,21 +53,31 @@ def difference_interval(before: Sequence[float], after: Sequence[float]) -> list
 
 
 def comparison(
-    before: Sequence[float], after: Sequence[float], alpha: float, *, one_sided: bool = False
+    before: Sequence[float],
+    after: Sequence[float],
+    alpha: float,
+    *,
+    one_sided: bool = False,
+    margin: float = 0.0,
 ) -> dict[str, Any]:
     """Welch's test of `after` against `before` at `alpha`; `diff` is after - before.
-    `one_sided`: the question is only whether `after` is faster (p of that direction)."""
+    `one_sided`: the question is only whether `after` is faster (p of that direction);
+    `margin` (tok/s, with one_sided): whether it is faster by more than that."""
     test = welch(after, before, alpha=alpha)
+    if one_sided and margin:
+        shifted = welch([x - margin for x in after], before, alpha=alpha)
+        test = {**test, "p": shifted["p"], "diff_for_p": shifted["diff"]}
     p = float(test["p"])
     if one_sided:
-        p = p / 2.0 if test["diff"] > 0 else 1.0 - p / 2.0
+        p = p / 2.0 if test.get("diff_for_p", test["diff"]) > 0 else 1.0 - p / 2.0
     significant = p < alpha
     return {
         "diff_tps": round(test["diff"], 4),
         "ci95": difference_interval(before, after),
         "p": round(p, 6),
         "alpha": round(alpha, 6),
-        "test": "one-sided (faster)" if one_sided else "two-sided",
+        "test": ("one-sided (faster)" if one_sided else "two-sided")
+        + (f" by more than {margin:.2f} tok/s" if one_sided and margin else ""),
         "significant": significant,
         "faster": bool(significant and test["diff"] > 0),
         "slower": bool(significant and test["diff"] < 0),
@@ -99,12 +120,17 @@ def decide_workload(
         return None
     alternatives = len(rated) - 1
     alpha = faster_alpha(alternatives)
-    fastest = max(rated, key=lambda s: (statistics.fmean(rated[s]), -s.k, s.method == customer.method))
+    # The fastest by the ranking mean (an outlier run left out of the ranking, kept in every
+    # figure and test): the setting the section shows as the workload's fastest.
+    fastest = max(rated, key=lambda s: (ranking_mean(rated[s]), -s.k, s.method == customer.method))
     # Every alternative is tested (each at alpha, Bonferroni over them); the best is the
     # fastest of those proved faster, so that one run a client stall made absurdly fast,
     # which inflates its setting's mean and spread alike, does not hide another proved gain.
+    margin = MIN_GAIN * statistics.fmean(rated[customer])
     tests = {
-        s: comparison(rated[customer], rated[s], alpha, one_sided=True) for s in rated if s != customer
+        s: comparison(rated[customer], rated[s], alpha, one_sided=True, margin=margin)
+        for s in rated
+        if s != customer
     }
     proved = [s for s, t in tests.items() if t["faster"]]
     best = (
@@ -155,22 +181,23 @@ def mix_rate(samples: Samples, weights: Mapping[str, float]) -> tuple[float, lis
 
 
 def mix_comparison(
-    before: Samples, after: Samples, weights: Mapping[str, float], alpha: float
+    before: Samples, after: Samples, weights: Mapping[str, float], alpha: float, *, margin: float = 0.0
 ) -> dict[str, Any]:
     """after's mix rate against before's: difference, 95 % interval, one-sided p (after
-    faster) at `alpha`."""
+    faster by more than `margin` of before's mix rate, a share) at `alpha`."""
     h_before, t_before = mix_rate(before, weights)
     h_after, t_after = mix_rate(after, weights)
     terms = t_before + t_after
     var = sum(t[0] for t in terms)
     diff = h_after - h_before
+    excess = diff - margin * h_before
     if var == 0.0:
-        p = 0.0 if diff > 0.0 else 1.0
+        p = 0.0 if excess > 0.0 else 1.0
         half = 0.0
     else:
         dof = var**2 / sum(t[0] ** 2 / (t[2] - 1) for t in terms if t[0] > 0)
-        # One-sided: the question is whether `after` serves the mix faster.
-        p = float(scipy_stats.t.sf(diff / math.sqrt(var), dof))
+        # One-sided: the question is whether `after` serves the mix faster (by the margin).
+        p = float(scipy_stats.t.sf(excess / math.sqrt(var), dof))
         half = float(scipy_stats.t.ppf(0.5 + CONFIDENCE / 2.0, dof)) * math.sqrt(var)
     return {
         "before_tps": round(h_before, 4),
@@ -179,9 +206,9 @@ def mix_comparison(
         "ci95": [round(diff - half, 4), round(diff + half, 4)],
         "p": round(p, 6),
         "alpha": round(alpha, 6),
-        "test": "one-sided (faster)",
+        "test": "one-sided (faster)" + (f" by more than {100 * margin:.0f} %" if margin else ""),
         "significant": p < alpha,
-        "faster": p < alpha and diff > 0,
+        "faster": p < alpha and excess > 0,
     }
 
 
@@ -211,7 +238,9 @@ def choose_deployed(
     fastest = max(rates, key=lambda s: (rates[s], -s.k))
     alpha = faster_alpha(len(complete) - 1)
     tests = {
-        s: mix_comparison(complete[customer], complete[s], share, alpha) for s in complete if s != customer
+        s: mix_comparison(complete[customer], complete[s], share, alpha, margin=MIN_GAIN)
+        for s in complete
+        if s != customer
     }
     proved = [s for s, t in tests.items() if t["faster"]]
     chosen = max(proved, key=lambda s: (rates[s], -s.k)) if proved else customer

@@ -9,9 +9,14 @@ serving, the setting screened last when it is confirmed next), and none measured
 node's agent reports the spec hash the trial renders. The customer's setting, which every
 decision needs, is confirmed first (n = 15); no speculation is screened like any other
 setting. Screening trials are short (n = 5) and the k-search (`search.py`) decides which
-lengths to screen, dropping a method past its peak and significantly below the leader; the
-finalists (each workload's best, the mix's best, and each workload's next best while its
-runs say it can still win and the budget allows) are confirmed with fresh n = 15 runs; the
+lengths to screen, dropping a method past its peak and significantly below the leader.
+Where the engine logs its acceptance per draft position (vLLM's spec-decode lines), one
+trial at a length tells the acceptance model (`model.py`) the rate of every shorter length:
+the search then screens one probe per method (the customer's length, or the common
+default) and lengthens it only while the predicted peak is at its end; elsewhere it screens
+lengths 1 and 2 too and refines on measured rates. The finalists (each workload's best and
+the mix's best, by the model's prediction where it reaches, and the settings it ranks
+within 2 % of a leader while the budget allows) are confirmed with fresh n = 15 runs; the
 decision (`decide.py`) reads confirmation runs only. No speculation is confirmed too when it
 is a finalist or when its screening runs leave open whether the customer's setting is
 slower than it (harmful); otherwise the test against it reads its screening runs, which are
@@ -25,7 +30,7 @@ from __future__ import annotations
 import json
 import shlex
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +45,7 @@ from diagnostic.pipelines.specdec.decide import (
     confirmed_summary,
     decide_workload,
 )
+from diagnostic.pipelines.specdec.model import Observation, RateModel, fit
 from diagnostic.pipelines.specdec.search import (
     MAX_TRIALS_PER_METHOD,
     NO_SPECULATION,
@@ -48,7 +54,7 @@ from diagnostic.pipelines.specdec.search import (
     Setting,
     search_k,
 )
-from diagnostic.pipelines.stats import welch
+from diagnostic.pipelines.stats import ranking_mean, welch
 from lab.config import MAX_SPEC_TOKENS
 
 if TYPE_CHECKING:
@@ -67,10 +73,18 @@ SETTLE_LAB_S = 2.0
 # percent now and then) must not decide between two lengths whose true rates are within a
 # percent of each other, while a length clearly below cannot win and is not confirmed.
 RUNNER_UP_ALPHA = 0.05
+# Where the acceptance model covers a workload, the settings it predicts within this share of
+# the workload's leader are its runner-ups (their curves differ by less than the model's
+# error, a percent or two).
+RUNNER_UP_WITHIN = 0.02
 # A method past its peak whose best length is significantly below (one-sided Welch) the
 # leading setting on every workload is not refined further.
 PRUNE_ALPHA = 0.01
 DEFAULT_K = 4  # the common default draft length
+# Lengths screened too when the engine reports no acceptance per position (search.py).
+FALLBACK_SEEDS = (1, 2)
+# Confirmations are reserved at their estimated price times this.
+CONFIRM_MARGIN = 1.15
 
 
 @dataclass(frozen=True)
@@ -182,53 +196,87 @@ def choose_finalists(
     customer: Setting,
     workloads: Sequence[str],
     weights: Mapping[str, float] | None = None,
+    predicted: Mapping[Setting, Mapping[str, float]] | None = None,
+    refused: Collection[Setting] = (),
 ) -> tuple[list[Setting], list[Setting]]:
     """What to confirm with fresh runs, from the runs the search read (screening runs, or the
-    confirmation runs of a setting confirmed first; refused settings absent).
+    confirmation runs of a setting confirmed first; refused settings absent) and the
+    acceptance model's predicted rates (`predicted`, which also reach lengths not measured).
 
     Finalists, which the decision cannot do without: the customer's setting, each
     workload's best setting, and the best setting for the workload mix
-    (`weights`, equal by default). Runner-ups, confirmed while the budget allows: each
-    workload's best setting outside the finalists, when it can still win: its runs are not
-    significantly below that workload's best's (Welch, one-sided, at RUNNER_UP_ALPHA). A
-    short budget drops the runner-up whose test came closest to significance first.
+    (`weights`, equal by default), ranked by the model's prediction where it has one and by
+    the runs' ranking mean elsewhere. Runner-ups, confirmed while the budget allows: the
+    settings the model predicts within RUNNER_UP_WITHIN of a workload's leader, closest
+    first; then, among settings the model does not cover, each workload's best measured one
+    outside the finalists when it can still win (its runs not significantly below,
+    one-sided Welch at RUNNER_UP_ALPHA, the best measured runs there). A short budget
+    drops the last of them first. `refused`: settings the engine refused at startup, never chosen.
     """
+    predicted = predicted or {}
 
-    def mean(setting: Setting, workload: str) -> float | None:
-        runs = screened[setting].get(workload) or ()
-        return statistics.fmean(runs) if runs else None
+    def measured(setting: Setting, workload: str) -> float | None:
+        runs = (screened.get(setting) or {}).get(workload) or ()
+        return ranking_mean(runs) if runs else None
+
+    def score(setting: Setting, workload: str) -> float | None:
+        return (predicted.get(setting) or {}).get(workload) or measured(setting, workload)
+
+    settings = [s for s in dict.fromkeys([*screened, *predicted]) if s not in refused]
 
     def rated(workload: str) -> list[Setting]:
-        return [s for s in screened if mean(s, workload)]
+        return [s for s in settings if score(s, workload)]
 
     finalists: list[Setting] = [customer]
     leaders: dict[str, Setting] = {}
     for w in workloads:
         if rated(w):
-            leaders[w] = max(rated(w), key=lambda s: (mean(s, w) or 0.0, -s.k))
+            leaders[w] = max(rated(w), key=lambda s: (score(s, w) or 0.0, -s.k))
             if leaders[w] not in finalists:
                 finalists.append(leaders[w])
     share = {w: float((weights or {}).get(w, 1.0 if weights is None else 0.0)) for w in workloads}
     share = {w: v for w, v in share.items() if v > 0}
-    complete = [s for s in screened if share and all(mean(s, w) for w in share)]
+    complete = [s for s in settings if share and all(score(s, w) for w in share)]
     if complete:
         def mix_rate(s: Setting) -> float:
-            return 1.0 / sum(v / (mean(s, w) or 1.0) for w, v in share.items())
+            return 1.0 / sum(v / (score(s, w) or 1.0) for w, v in share.items())
 
         mix = max(complete, key=lambda s: (mix_rate(s), -s.k))
         if mix not in finalists:
             finalists.append(mix)
-    contenders: dict[Setting, float] = {}  # runner-up -> its smallest one-sided p
-    for w, leader in leaders.items():
-        others = [s for s in rated(w) if s not in finalists]
+    close: dict[Setting, float] = {}  # runner-up the model ranks near a leader -> its ratio
+    contenders: dict[Setting, float] = {}  # runner-up by measured runs -> its largest one-sided p
+    for w in workloads:
+        modelled = [s for s in settings if (predicted.get(s) or {}).get(w)]
+        if modelled:
+            # The model ranks the lengths it covers; what it puts within RUNNER_UP_WITHIN of
+            # the workload's leader is confirmed too, so that the decision, on fresh runs,
+            # is not the model's alone where it cannot tell two settings apart.
+            top_rate = max(predicted[s][w] for s in modelled)
+            for s in modelled:
+                ratio = predicted[s][w] / top_rate
+                if s not in finalists and ratio >= 1.0 - RUNNER_UP_WITHIN:
+                    close[s] = max(ratio, close.get(s, 0.0))
+        tried = [s for s in screened if measured(s, w)]
+        if not tried:
+            continue
+        top = max(tried, key=lambda s: (measured(s, w) or 0.0, -s.k))
+        others = [s for s in tried if s not in finalists and not (predicted.get(s) or {}).get(w)]
         if not others:
             continue
-        second = max(others, key=lambda s: (mean(s, w) or 0.0, -s.k))
-        p = below_p(screened[second][w], screened[leader][w])
+        second = max(others, key=lambda s: (measured(s, w) or 0.0, -s.k))
+        p = 1.0 if second == top else below_p(screened[second][w], screened[top][w])
         if p >= RUNNER_UP_ALPHA:
             contenders[second] = max(p, contenders.get(second, p))
-    runner_ups = sorted(contenders, key=lambda s: (-contenders[s], s.k))
+    runner_ups = sorted(close, key=lambda s: (-close[s], s.k)) + sorted(
+        (s for s in contenders if s not in close), key=lambda s: (-contenders[s], s.k)
+    )
     return finalists, runner_ups
+
+
+def _ranked(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """A trial's ranking mean per workload (outlier runs left out of the ranking only)."""
+    return {w: ranking_mean(r["samples"]) for w, r in rows.items() if r.get("samples")}
 
 
 def below_p(runs: Sequence[float], leader: Sequence[float]) -> float:
@@ -478,6 +526,7 @@ class _Run:
                 "mean_tps": section.get("mean_tps"),
                 "ci95": section.get("ci95"),
                 "samples": samples,
+                "acceptance": section.get("draft_acceptance"),
                 "lab_s": round(t2 - t0, 3),
                 "restart_s": round(t1 - t0, 3),
                 **verified,
@@ -498,14 +547,51 @@ class _Run:
         """The setting's mean rate per workload for the search: its confirmed means when it
         was confirmed first, else a screening trial's (None: the engine refused it)."""
         if setting in self.confirmed_rows:
-            confirmed = self.confirmed_rows[setting]
-            return {w: float(r["mean_tps"]) for w, r in confirmed.items() if r.get("mean_tps")}
+            return _ranked(self.confirmed_rows[setting])
         if setting not in self.screened:
             self.screened[setting] = self.trial(setting, "screen", spec)
         rows = self.screened[setting]
         if rows is None:
             return None
-        return {w: float(r["mean_tps"]) for w, r in rows.items() if r.get("mean_tps")}
+        return _ranked(rows)
+
+    def refused(self) -> set[Setting]:
+        return {s for s, rows in self.screened.items() if rows is None}
+
+    def model(self) -> RateModel:
+        """The acceptance model (model.py) from every trial measured so far: no speculation's
+        runs give each workload's intercept (confirmed runs where it was confirmed)."""
+        read = self.runs_read()
+        none_rates = {
+            w: ranking_mean(v) for w, v in (read.get(NO_SPECULATION) or {}).items() if v
+        }
+        observations = []
+        for row in self.trials:
+            acceptance = row.get("acceptance") or {}
+            if row.get("status") != "measured" or row["method"] == NONE or not row.get("samples"):
+                continue
+            observations.append(
+                Observation(
+                    method=str(row["method"]),
+                    k=int(row["k"]),
+                    workload=str(row["workload"]),
+                    rate=ranking_mean(row["samples"]),
+                    per_position=tuple(float(x) for x in acceptance.get("per_position") or ()),
+                    drafts=float(acceptance.get("drafts") or 0.0),
+                )
+            )
+        return fit(observations, none_rates)
+
+    def predicted(self, k_max: int) -> dict[Setting, dict[str, float]]:
+        """Every setting the model reaches, with its predicted rate per workload."""
+        model = self.model()
+        out: dict[Setting, dict[str, float]] = {}
+        for (method, w), positions in model.positions.items():
+            for k in range(1, min(len(positions), k_max) + 1):
+                rate = model.predict(method, w, k)
+                if rate is not None:
+                    out.setdefault(Setting(method, k), {})[w] = rate
+        return out
 
     def runs_read(self) -> dict[Setting, dict[str, list[float]]]:
         """The runs the search read per setting: a screening trial's, or the confirmation's
@@ -626,8 +712,13 @@ def run_specdec(
         # confirmed in step 1 already.
         if not run.costs.known:
             return 0.0
-        must, _ = choose_finalists(run.runs_read(), customer, workloads, share)
-        return sum(
+        must, _ = choose_finalists(
+            run.runs_read(), customer, workloads, share, run.predicted(k_max), run.refused()
+        )
+        # With a margin: a confirmation's runs take longer than the trials so far priced them
+        # when the lab (or the machine simulating it) slows, and the finalists are confirmed
+        # whatever the budget says, since the decision cannot do without them.
+        return CONFIRM_MARGIN * sum(
             run.costs.trial_s(s, workloads, run.confirm_protocol) for s in must if s not in run.confirmed
         )
 
@@ -673,18 +764,25 @@ def run_specdec(
         rated = {s: v[workload] for s, v in read.items() if len(v.get(workload) or ()) >= 2}
         if setting not in rated or not rated:
             return False
-        leader = max(rated, key=lambda s: statistics.fmean(rated[s]))
+        leader = max(rated, key=lambda s: ranking_mean(rated[s]))
         return leader != setting and below_p(rated[setting], rated[leader]) < PRUNE_ALPHA
 
+    # Seeds: the customer's length for their method, the common default for EAGLE-3, and
+    # the default as a first probe of a method the customer does not use. Where the engine
+    # reports acceptance per position, one trial at a length gives the model every shorter
+    # length (model.py), so short seeds would add nothing; where it does not, lengths 1 and
+    # 2 are screened too and the search refines on measured rates.
     seeds: dict[str, set[int]] = {}
     for method in methods:
-        seeds[method] = {1, 2}
-        if method == customer.method:
-            seeds[method].add(customer.k)
-        if method == "eagle3":
+        seeds[method] = {customer.k} if method == customer.method else set()
+        if method == "eagle3" or not seeds[method]:
             seeds[method].add(DEFAULT_K)
+
+    def predict(method: str) -> dict[str, dict[int, float]]:
+        model = run.model()
+        return {w: model.curve(method, w) for w in workloads}
     found_by: dict[str, KSearch] = {}
-    allowed = {m: len(seeds[m]) for m in methods}
+    allowed = {m: len(seeds[m]) + len(FALLBACK_SEEDS) for m in methods}
     active = list(methods)
     while active:
         for method in list(active):
@@ -697,6 +795,8 @@ def run_specdec(
                 afford=afford,
                 below_leader=below_leader,
                 max_trials=min(allowed[method], MAX_TRIALS_PER_METHOD),
+                predict=predict,
+                fallback_seeds=FALLBACK_SEEDS,
             )
             found_by[method] = found
             limited = found.stopped.startswith("trial limit")
@@ -713,7 +813,10 @@ def run_specdec(
     # 3. Finalists: each workload's best screened setting (the customer's, and no
     #    speculation when harm was open, are confirmed already); then each workload's
     #    runner-up, while the budget allows.
-    finalists, runner_ups = choose_finalists(run.runs_read(), customer, workloads, share)
+    predicted = run.predicted(k_max)
+    finalists, runner_ups = choose_finalists(
+        run.runs_read(), customer, workloads, share, predicted, run.refused()
+    )
     skipped: list[dict[str, Any]] = []
     todo = [
         s
@@ -791,6 +894,15 @@ def run_specdec(
         share,
         confirm_length,
     )
+    # The acceptance model the search and the finalists followed, with what it predicted for
+    # the settings confirmed (the decision read their fresh runs, not this).
+    section["rate_model"] = {
+        **run.model().describe(),
+        "predicted_at_finalists": {
+            s.label: {w: round(v, 3) for w, v in (predicted.get(s) or {}).items()}
+            for s in finalists + runner_ups
+        },
+    }
     deployed = deployment.setting if deployment else customer
     findings, changes = _findings(
         run, customer, customer_spec, decisions, deployment, spec_for(deployed), section
@@ -855,9 +967,14 @@ def _section(
         d = decisions.get(w)
         if d is None:
             continue
-        block = _block(run, d.best, w) or {}
+        # The workload's fastest setting: the fastest of those proved faster than the
+        # customer's; when none is, the fastest confirmed, shown with its test against the
+        # customer's setting (not significant: the customer's is kept, no finding).
+        shown = d.best if d.best != customer else d.fastest
+        block = _block(run, shown, w) or {}
         best[w] = {
             **block,
+            "proved_faster": d.best != customer,
             "kept_customer": d.best == customer,
             "fastest_confirmed": d.fastest.as_dict(),
             "vs_customer": d.best_vs_customer if d.best != customer else None,

@@ -10,6 +10,12 @@ gap's middle. It ends when every workload's best length has both neighbours meas
 is at the end of the range). One trial (one engine restart) measures every workload, so
 the workloads share the lengths they ask for.
 
+Where the engine reports its acceptance per draft position, a `predict` callable (the
+acceptance model, model.py) gives the method's whole curve up to the longest length
+measured; the search then needs no bisection: it lengthens the draft (doubling) only while
+the predicted peak sits at the longest length measured, since only a longer trial reports
+the acceptance of the positions beyond it.
+
 The search is plain Python over a `screen` callable, so that its behaviour on synthetic
 curves (noise, plateaus, a peak at k = 1 or at the engine's maximum) is testable alone.
 """
@@ -52,6 +58,9 @@ Screen = Callable[[Setting], "Mapping[str, float] | None"]
 Afford = Callable[[Setting], bool]
 # Whether a setting's runs on a workload are significantly below the best setting's there.
 Below = Callable[[Setting, str], bool]
+# The method's predicted rate per workload and length from the evidence so far (model.py);
+# a workload without one is searched on its measured rates alone.
+Predict = Callable[[str], "Mapping[str, Mapping[int, float]]"]
 
 
 @dataclass
@@ -64,6 +73,9 @@ class KSearch:
     refused: list[int] = field(default_factory=list)
     order: list[int] = field(default_factory=list)  # lengths in the order they were measured
     stopped: str = ""
+    # workload -> length -> rate the acceptance model predicts (every length up to the
+    # longest whose acceptance the engine reported), when the engine reports acceptance.
+    predicted: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def best(self, workload: str) -> int | None:
         """The measured length with the highest rate on `workload` (the shorter on a tie:
@@ -80,8 +92,13 @@ class KSearch:
             "measured_k": self.order,
             "refused_k": self.refused,
             "best_k": {w: self.best(w) for w in sorted({w for r in self.rates.values() for w in r})},
+            "predicted_best_k": {w: self.predicted_best(w) for w in sorted(self.predicted)},
             "stopped": self.stopped,
         }
+
+    def predicted_best(self, workload: str) -> int | None:
+        curve = self.predicted.get(workload) or {}
+        return max(curve, key=lambda k: (curve[k], -k)) if curve else None
 
 
 def next_lengths(search: KSearch, workloads: Sequence[str]) -> list[int]:
@@ -90,6 +107,15 @@ def next_lengths(search: KSearch, workloads: Sequence[str]) -> list[int]:
     ceiling = search.k_max
     wanted: set[int] = set()
     for workload in workloads:
+        curve = search.predicted.get(workload)
+        if curve:
+            # The model covers every length up to the longest measured: the peak is found
+            # once it lies inside that range; at its end the curve may still rise beyond
+            # it, and only a longer trial's acceptance can say.
+            peak, deepest = search.predicted_best(workload), max(curve)
+            if peak == deepest and deepest < ceiling:
+                wanted.add(min(2 * deepest, ceiling))
+            continue
         best = search.best(workload)
         if best is None:
             continue
@@ -123,6 +149,8 @@ def search_k(
     afford: Afford | None = None,
     max_trials: int = MAX_TRIALS_PER_METHOD,
     below_leader: Below | None = None,
+    predict: Predict | None = None,
+    fallback_seeds: Iterable[int] = (),
 ) -> KSearch:
     """Search k in 1..k_max for `method`: seed lengths first, then the unimodal refinement.
 
@@ -134,11 +162,21 @@ def search_k(
     fallen past its best length on every workload and that best is below the leader
     everywhere, refining it (which moves a unimodal peak by one length) cannot make it a
     finalist, so the search stops there.
+    `predict`: the acceptance model's curves for the method (model.py); where it gives one
+    for a workload, the search only lengthens the draft while the predicted peak is at the
+    longest length measured, and refines nothing by bisection. `fallback_seeds`: lengths
+    screened too when the seeds leave the model without a curve (the engine reports no
+    acceptance per position), before the refinement on measured rates.
     """
     search = KSearch(method, k_max)
     pending = sorted({k for k in seeds if 1 <= k <= k_max})
+    fallback = sorted({k for k in fallback_seeds if 1 <= k <= k_max} - set(pending))
     trials = 0
     while True:
+        if predict is not None and search.rates:
+            search.predicted = {w: dict(c) for w, c in predict(method).items() if c and w in workloads}
+        if not pending and fallback and not search.predicted:
+            pending, fallback = [k for k in fallback if k <= search.k_max], []
         if not pending:
             if search.rates and below_leader and _outclassed(search, workloads, below_leader):
                 search.stopped = "past its peak and significantly below the leader on every workload"
@@ -168,7 +206,11 @@ def search_k(
             continue
         search.rates[k] = {w: float(v) for w, v in rates.items() if v is not None}
         search.order.append(k)
-    search.stopped = search.stopped or "converged: every workload's best length has measured neighbours"
+    search.stopped = search.stopped or (
+        "converged: the acceptance model's peak lies inside the lengths measured on every workload"
+        if search.predicted and all(search.predicted.get(w) for w in workloads)
+        else "converged: every workload's best length has measured neighbours"
+    )
     return search
 
 

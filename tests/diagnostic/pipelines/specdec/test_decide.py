@@ -7,12 +7,14 @@ import random
 
 from diagnostic.pipelines.specdec.catalog import load_catalog
 from diagnostic.pipelines.specdec.decide import (
+    MIN_GAIN,
     choose_deployed,
     decide_workload,
     difference_interval,
     mix_rate,
 )
 from diagnostic.pipelines.specdec.search import NO_SPECULATION, Setting
+from diagnostic.pipelines.stats import welch
 
 
 def runs(mean: float, seed: int, n: int = 15, sigma: float = 0.03) -> list[float]:
@@ -42,7 +44,7 @@ def test_the_reference_customer_setting_is_suboptimal_on_both_workloads() -> Non
     assert code.best_vs_customer and code.best_vs_customer["faster"]
     # Three alternatives to the customer's: one-sided at 5 % / 3.
     assert abs(code.best_vs_customer["alpha"] - 0.05 / 3) < 1e-6
-    assert code.best_vs_customer["test"] == "one-sided (faster)"
+    assert code.best_vs_customer["test"].startswith("one-sided (faster) by more than")
     deployed = choose_deployed(confirmed, E4, {"code": 1.0, "prose": 1.0})
     assert deployed is not None and deployed.setting == E2  # 25.5 tok/s on the mix against 24.4 for k = 3
     assert deployed.vs_customer and deployed.vs_customer["faster"]
@@ -97,17 +99,35 @@ def test_the_catalog_names_the_kimi_k2_draft_with_its_source() -> None:
 
 
 def test_a_gain_called_significant_has_an_interval_that_excludes_zero() -> None:
-    # One alternative: the one-sided test runs at 2.5 %, the two-sided interval's level.
+    # One alternative: the one-sided test runs at 2.5 %, the two-sided interval's level, and
+    # asks for more than MIN_GAIN (2 %): a 5 % gain at 3 % run noise is found often, not always.
     called = 0
     for seed in range(40):
-        confirmed = {E3: {"code": runs(27.0, seed)}, E2: {"code": runs(27.0 * 1.03, 100 + seed)}}
+        confirmed = {E3: {"code": runs(27.0, seed)}, E2: {"code": runs(27.0 * 1.05, 100 + seed)}}
         d = decide_workload("code", confirmed, E3)
         assert d is not None and d.best_vs_customer is not None
         assert d.best_vs_customer["alpha"] == 0.025
         if d.best == E2:
             called += 1
             assert d.best_vs_customer["ci95"][0] > 0.0
-    assert 10 <= called < 40  # a 3 % gain at 3 % run noise is found often, not always
+    assert 10 <= called < 40
+
+
+def test_a_gain_under_the_margin_is_not_a_finding() -> None:
+    # A 1.5 % gain is within what drifts between restarts: never called faster, even where
+    # its runs alone would make it significant; the section still shows it as the fastest.
+    assert MIN_GAIN == 0.02
+    kept = 0
+    for seed in range(40):
+        confirmed = {
+            E3: {"code": runs(27.0, seed, sigma=0.005)},
+            E2: {"code": runs(27.0 * 1.015, 100 + seed, sigma=0.005)},
+        }
+        d = decide_workload("code", confirmed, E3)
+        assert d is not None and d.best == E3 and d.verdict == "ok"
+        assert welch(confirmed[E2]["code"], confirmed[E3]["code"])["p"] < 0.05  # significant without it
+        kept += d.fastest == E2
+    assert kept == 40
 
 
 def test_a_slower_alternative_is_never_called_faster() -> None:
@@ -129,7 +149,8 @@ def test_one_absurd_run_does_not_hide_a_proved_gain() -> None:
         E2: {"code": stalled},
     }
     d = decide_workload("code", confirmed, NG8)
-    assert d is not None and d.fastest == E2
+    # The outlier is left out of the ranking (kept in the tests): k = 2 is not the fastest.
+    assert d is not None and d.fastest == NO_SPECULATION
     assert d.verdict == "harmful" and d.best == NO_SPECULATION
     assert d.best_vs_customer is not None and d.best_vs_customer["faster"]
     deployed = choose_deployed(confirmed, NG8, {"code": 1.0})

@@ -27,6 +27,11 @@ CONFIG = REPO / "examples" / "configs" / "kimi-k2-8spark-outofbox.yaml"
 DILATION = 120
 
 
+def truth_acceptance() -> list[float]:
+    data: dict[str, Any] = yaml.safe_load(SCENARIO.read_text())
+    return list(data["truth"]["specdec"]["acceptance"]["eagle3"]["code"])
+
+
 def scenario(tmp_path: Path) -> Path:
     data: dict[str, Any] = yaml.safe_load(SCENARIO.read_text())
     data["dilation"] = DILATION
@@ -78,3 +83,15 @@ def test_a_configuration_at_its_optimum_keeps_its_setting_and_a_refused_mtp_tria
     money_back = assess({"findings": result["findings"], "speculative": section})
     assert money_back.improvements == ()
     assert {c.key: c.holds for c in money_back.conditions}["no_demonstrated_improvement"] is True
+    # The acceptance the search followed is the engine's own (its spec-decode lines), and it
+    # is the scenario's: the share of drafts accepted up to position j, a_1 ... a_j.
+    model = section["rate_model"]
+    shares, survive = [], 1.0
+    for a in truth_acceptance()[:4]:
+        survive *= a
+        shares.append(survive)
+    for w in ("code", "prose"):
+        assert model["per_position"][f"eagle3/{w}"] == pytest.approx(shares, abs=0.06)
+    peaks = {s["method"]: s["predicted_best_k"] for s in section["searches"]}
+    # By the formula k = 3 peaks at 27.7 tok/s with k = 2 0.8 % behind: either is the model's.
+    assert set(peaks["eagle3"]) == {"code", "prose"} and set(peaks["eagle3"].values()) <= {2, 3}

@@ -340,8 +340,11 @@ def specdec_sweep(
     customer: tuple[str, int] | None,
     best: Mapping[str, tuple[str, int]],
     scope: str,
+    predicted: Mapping[tuple[str, str], Mapping[int, float]] | None = None,
 ) -> str:
-    """Decode rate against draft length k per method and workload, with 95 % intervals."""
+    """Decode rate against draft length k per method and workload, with 95 % intervals;
+    `predicted` ((method, workload) -> k -> tok/s): the acceptance model's curves, dotted."""
+    predicted = predicted or {}
     workloads = list(dict.fromkeys(str(t["workload"]) for t in trials))
     methods = sorted({str(t["method"]) for t in trials} - {"none"}, key=lambda m: (m != "eagle3", m))
     colours = dict(zip(methods, METHOD_COLOURS, strict=False))
@@ -364,6 +367,11 @@ def specdec_sweep(
                         fontsize=7,
                     )
             for method in methods:
+                curve = predicted.get((method, workload)) or {}
+                if curve:
+                    ks_model = sorted(curve)
+                    ax.plot(ks_model, [curve[k] for k in ks_model], color=colours[method], linestyle=":",
+                            linewidth=1.0, label=f"{method} (acceptance model)")
                 pts = sorted(
                     (t for t in mine if t["method"] == method and t.get("stage", "screen") == "screen"),
                     key=lambda t: int(t["k"]),
@@ -404,7 +412,8 @@ def specdec_sweep(
             _mark(ax, mine, best.get(workload), "deployed", AFTER, 14)
             ax.set_title(f"{workload} workload", loc="left", color=INK)
             ax.set_xlabel("draft length k")
-            ks = sorted({int(t["k"]) for t in mine if t["method"] != "none"})
+            ks = sorted({int(t["k"]) for t in mine if t["method"] != "none"}
+                        | {k for (_m, w), c in predicted.items() if w == workload for k in c})
             ax.set_xticks(ks)
             # Room at both ends for the k = 0 points and the labels of the outermost settings.
             ax.set_xlim(-0.5, (max(ks) if ks else 1) + 0.8)

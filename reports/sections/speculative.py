@@ -53,6 +53,22 @@ def _rate_cell(trial: Mapping[str, Any] | None) -> str:
     return fig.tps(float(trial["mean_tps"])) + (f"\n{fig.interval(ci, fig.tps)}" if ci else "")
 
 
+def model_curves(spec: Mapping[str, Any]) -> dict[tuple[str, str], dict[int, float]]:
+    """The acceptance model's predicted rates per (method, workload), from the section."""
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    predicted = (spec.get("rate_model") or {}).get("predicted_tps") or {}
+    if not isinstance(predicted, Mapping):
+        return out
+    for key, curve in predicted.items():
+        method, _, workload = str(key).partition("/")
+        if not workload or not isinstance(curve, Mapping):
+            continue
+        points = {int(k): float(v) for k, v in curve.items() if as_number(v) is not None and str(k).isdigit()}
+        if points:
+            out[(method, workload)] = points
+    return out
+
+
 def search_paragraph(spec: Mapping[str, Any]) -> str:
     """How the search went: what it tried, its two protocols, and its lab time against a sweep."""
     protocol = spec.get("protocol") or {}
@@ -64,6 +80,12 @@ def search_paragraph(spec: Mapping[str, Any]) -> str:
     if confirm.get("n"):
         text += f" ({confirm['n']} fresh runs of {confirm.get('max_tokens', '?')} tokens)"
     text += "; only confirmation runs decide."
+    if model_curves(spec):
+        text += (
+            " The engine's own spec-decode lines give the share of drafts accepted at each position, so"
+            " one trial at a draft length gives the rate of every shorter one (dotted in the chart): the"
+            " search measured few lengths and followed these curves to the settings it confirmed."
+        )
     notes = (spec.get("space") or {}).get("notes") or {}
     skipped = [f"{m} was {why}" for m, why in notes.items() if str(why).startswith("not tried")]
     if skipped:
@@ -251,6 +273,7 @@ def speculative_section(
             trials=trials,
             customer=customer,
             best=chosen,
+            predicted=model_curves(spec),
         )
         if plot:
             blocks.append(plot)

@@ -111,3 +111,23 @@ def test_no_speculation_answered_by_its_screening_runs_is_labelled_so(findings: 
     assert ("code", "no speculation (screening runs)") in labels
     # A confirmed one keeps its plain label.
     assert ("prose", "no speculation") in labels
+
+
+def test_the_acceptance_models_curves_are_drawn_and_said_when_the_search_followed_them(
+    findings: dict[str, Any],
+) -> None:
+    from reports.sections.speculative import model_curves, search_paragraph
+
+    spec = findings["speculative"]
+    assert "spec-decode lines" not in search_paragraph(spec)  # no model: no claim of one
+    spec["rate_model"] = {"predicted_tps": {"eagle3/code": {"1": 24.3, "2": 27.5, "3": 27.7, "4": 25.9},
+                                            "eagle3/prose": {"1": 22.9, "2": 23.7}, "bad": {"x": 1}}}
+    curves = model_curves(spec)
+    assert curves == {("eagle3", "code"): {1: 24.3, 2: 27.5, 3: 27.7, 4: 25.9},
+                      ("eagle3", "prose"): {1: 22.9, 2: 23.7}}
+    assert "every shorter one (dotted in the chart)" in search_paragraph(spec)
+    from reports import plots
+
+    trials = [{**t, "stage": t.get("phase", "screen")} for t in spec["trials"] if t.get("ci95")]
+    svg = plots.specdec_sweep(trials, customer=("eagle3", 4), best={}, scope="t", predicted=curves)
+    assert "acceptance model" in svg

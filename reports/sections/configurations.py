@@ -43,9 +43,17 @@ def after_of(findings: Mapping[str, Any]) -> After:
     tuned = measurement.get("tuned") if isinstance(measurement, Mapping) else None
     if present(tuned):
         return After(tuned, MEASURED)
-    best = (findings.get("speculative") or {}).get("best")
+    spec = findings.get("speculative") or {}
+    best = spec.get("best")
     if present(best):
-        return After(best, SEARCH)
+        # A workload whose fastest setting was not proved faster keeps the customer's
+        # setting: its "after" is the customer's own confirmation, not the unproved one's.
+        baseline = spec.get("baseline") or {}
+        kept = {
+            w: baseline.get(w) if isinstance(b, Mapping) and b.get("kept_customer") and baseline.get(w) else b
+            for w, b in best.items()
+        }
+        return After(kept, SEARCH)
     return After({}, "")
 
 

@@ -13,6 +13,7 @@ import jsonschema
 from reports import content
 from reports import figures as fig
 from reports.report import render_html
+from reports.sections import configurations
 from reports.sections.configurations import SEARCH_NOTE
 from reports.structure import NOT_RUN
 from tests.reports.conftest import report_content
@@ -105,6 +106,21 @@ def test_without_a_tuned_measurement_the_search_s_runs_stand_in_and_the_report_s
         p.startswith("With the changes in this report (decode rates from the speculative search alone)")
         for p in report.headline
     )
+
+
+def test_without_a_tuned_measurement_a_workload_that_kept_its_setting_shows_the_customers_runs(
+    findings: dict[str, Any],
+) -> None:
+    # The search's fastest on prose was not proved faster: the customer's setting is kept, so
+    # the "after" of the search is the customer's own confirmation, not the unproved setting.
+    for key in ("tuned", "difference"):
+        del findings["measurement"][key]
+    del findings["measurement"]["roofline"]["tuned"]
+    spec = findings["speculative"]
+    spec["best"]["prose"] = {**spec["best"]["prose"], "kept_customer": True, "proved_faster": False}
+    after = configurations.after_of(findings)
+    assert after.workloads["prose"] == spec["baseline"]["prose"]
+    assert after.workloads["code"] == spec["best"]["code"]
 
 
 def test_without_any_after_measurement_the_after_column_says_not_measured(findings: dict[str, Any]) -> None:

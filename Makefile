@@ -65,7 +65,7 @@ bench-fp4: install
 bench-portal: install
 	$(PY) benchmarks/bench_portal.py
 
-# About 25 minutes: the specdec stage 40 times on simulated labs (benchmarks/bench_specdec.py).
+# About 14 minutes: the specdec stage 40 times on simulated labs (benchmarks/bench_specdec.py).
 bench-specdec: install
 	$(PY) benchmarks/bench_specdec.py
 

@@ -349,7 +349,8 @@ def specdec_sweep(
     methods = sorted({str(t["method"]) for t in trials} - {"none"}, key=lambda m: (m != "eagle3", m))
     colours = dict(zip(methods, METHOD_COLOURS, strict=False))
     with matplotlib.rc_context(_RC):
-        fig = _figure(2.9, bottom=0.8)
+        # A second legend row when the acceptance model's curves add their entries.
+        fig = _figure(3.1, bottom=1.0) if predicted else _figure(2.9, bottom=0.8)
         axes = fig.subplots(1, max(1, len(workloads)), squeeze=False, sharey=True)[0]
         for ax, workload in zip(axes, workloads, strict=False):
             _style(ax)
@@ -423,7 +424,7 @@ def specdec_sweep(
         if confirm_n:
             handles.append(Line2D([], [], color=INK, marker="D", markersize=3.5, linestyle="none"))
             labels.append(f"confirmation (n = {', '.join(confirm_n)})")
-        fig.legend(handles, labels, loc="lower center", ncols=len(handles))
+        fig.legend(handles, labels, loc="lower center", ncols=min(len(handles), 3 if predicted else 6))
         return _svg_text(fig, scope)
 
 

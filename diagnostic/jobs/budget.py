@@ -1,19 +1,17 @@
 """How a lab day's budget of lab seconds is shared among the stages of a job.
 
 METHODOLOGY.md wants the whole day on the reference 8-node lab in two lab hours. Measured
-on the simulated reference lab at dilation 45 (`make demo`, 2026-12-04) it takes 7,403 lab
-s: preflight 15, reproduce 1,442 (the customer's true cold start, 560, and the customer's
-measurement where it then serves), triage 966 (attributed on reproduce's start; three
-cumulative steps, the step before the JIT-cache step filling the cache), fp4 1,300 (rates
-without speculation; both candidates tried because the stop rule's interval reached -6 %
-on prose that run), specdec 2,761, measure ~915 (one tuned true cold start and the tuned
-measurement), report 4. When the FP4 stop rule holds (how often is not measured yet) the
-second candidate and specdec's first restart are saved, about 450 lab s more. It was
-10,470 before reproduce measured the customer in place and 8,105 before no speculation was
-only screened and FP4 measured speed without speculation. The engine's own starts and
-decode runs are most of that by LAB_MODEL.md's formulas; the default day budget stays
-three lab hours until the day fits two. Each stage gets what is left of the day once the
-stages after it have their reserve: the lab seconds each needs to do its work at all on an
+on the simulated reference lab at dilation 45 (`make demo`, 2026-12-04, after the
+acceptance-model search) it takes 6,055 lab s: preflight 13, reproduce 1,443 (the
+customer's true cold start, 560, and the customer's measurement where it then serves),
+triage 958 (attributed on reproduce's start), fp4 907 (rates without speculation; the
+first correct candidate was shown to cost nothing), specdec 1,818 (the customer's setting
+confirmed, no speculation and one n-gram probe screened, two finalists confirmed), measure
+913 (one tuned true cold start and the tuned measurement), report 4. It was 7,403 when the
+specdec search screened lengths one by one and 10,470 before reproduce measured the
+customer in place. The default day budget stays three lab hours so that a fault
+scenario's extra starts do not cut the measurement. Each stage gets what is left of the
+day once the stages after it have their reserve: the lab seconds each needs to do its work at all on an
 8-node Kimi K2-class day, measured on the reference lab. A stage that runs out stops early
 and says what it did not try; the measure stage does not shorten its protocol.
 """
@@ -34,10 +32,10 @@ RESERVE_LAB_S = {
     # The default's checks, its restart without speculation and rate, the engine's list,
     # two candidates (~1,300 measured; ~1,000 when the first is shown to cost nothing).
     "fp4": 1300.0,
-    # The customer's setting confirmed, no speculation screened, the five seed lengths
-    # screened, one best confirmed: about 2,700 lab s at dilation 45; the whole search with
-    # its runner-ups 2,800 to 3,300.
-    "specdec": 2700.0,
+    # The customer's setting confirmed, no speculation and one probe per other method
+    # screened, the acceptance model's peaks confirmed: 1,818 lab s on the reference at
+    # dilation 45; 1,050 to 3,260 over bench-specdec's 40 labs at dilation 60.
+    "specdec": 2200.0,
     # One tuned true cold start and the tuned configuration's n = 15 per workload (~940).
     "measure": 1000.0,
     "report": 10.0,

@@ -269,7 +269,8 @@ def speculative_section(
             plots.specdec_sweep,
             "Decode rate against draft length k, per method and workload, with 95 % intervals. Screening "
             "runs are joined by lines; diamonds are confirmation runs, which alone decide; the dashed line "
-            "is no speculation.",
+            "is no speculation"
+            + ("; dotted lines are the acceptance model's predicted rates." if model_curves(spec) else "."),
             trials=trials,
             customer=customer,
             best=chosen,

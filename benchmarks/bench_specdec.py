@@ -30,7 +30,7 @@ benchmark also prices the trials each run made by the formulas (warm restart fro
 2 lab s wait after each workload) and the sweep the same way: the "formula" columns are what
 the same search costs on a lab without that overhead. The default dilation, 60, with two
 runs at a time, keeps the overhead to about a sixth of the lab time and the benchmark to
-about 25 minutes; at dilation 30 the search is closer still to a real lab's but takes an
+about 14 minutes; at dilation 30 the search is closer still to a real lab's but takes an
 hour and a half. Results go to out/bench/specdec.json.
 
 Run: `make bench-specdec`, or `python benchmarks/bench_specdec.py --seeds 4` for a look.

@@ -298,22 +298,22 @@ def draft_acceptance(
     acceptance length is 1 + their sum) and the mean acceptance length, pooled over the
     windows that lie wholly within the workload's requests (warm-ups included: the same
     workload), weighted by each window's drafts. Windows reaching outside may carry another
-    workload's steps and are left out. None when no such window has a spec-decode line."""
+    workload's steps and are left out. None when no such window has a spec-decode line with
+    per-position rates (SGLang and vLLM V0 log none)."""
     if not spans:
         return None
     lo = min(s.sent for s in spans)
     hi = max(s.last for s in spans)
     inside = [
         w for w in windows
-        if w.drafted and w.accepted is not None and w.start >= lo and w.end + resolution_s <= hi
+        if w.drafted and w.accepted is not None and w.per_position
+        and w.start >= lo and w.end + resolution_s <= hi
     ]
     if not inside:
         return None
     depth = min(len(w.per_position) for w in inside)
-    drafts = [float(w.drafted or 0) / max(1, len(w.per_position) or 1) for w in inside]
+    drafts = [float(w.drafted or 0) / len(w.per_position) for w in inside]  # drafted = drafts x k
     total = sum(drafts)
-    if total <= 0:
-        return None
     pairs = list(zip(drafts, inside, strict=True))
     per_position = [sum(d * w.per_position[j] for d, w in pairs) / total for j in range(depth)]
     accepted = sum(float(w.accepted or 0) for w in inside)
@@ -323,7 +323,7 @@ def draft_acceptance(
         "drafts": round(total, 1),
         "accepted": accepted,
         "drafted": sum(float(w.drafted or 0) for w in inside),
-        "mean_acceptance_length": round(1.0 + accepted / total, 4) if depth else None,
+        "mean_acceptance_length": round(1.0 + accepted / total, 4),
         "per_position": [round(p, 4) for p in per_position],
     }
 

@@ -586,10 +586,9 @@ class _Run:
         """Every setting the model reaches, with its predicted rate per workload."""
         model = self.model()
         out: dict[Setting, dict[str, float]] = {}
-        for (method, w), positions in model.positions.items():
-            for k in range(1, min(len(positions), k_max) + 1):
-                rate = model.predict(method, w, k)
-                if rate is not None:
+        for method, w in model.positions:
+            for k, rate in model.curve(method, w).items():
+                if k <= k_max:
                     out.setdefault(Setting(method, k), {})[w] = rate
         return out
 

@@ -214,3 +214,5 @@ def test_draft_acceptance_pools_the_windows_wholly_within_the_workloads_requests
     # No spec-decode line in the workload's windows (no speculation): nothing to say.
     assert claims.draft_acceptance([_window(115.0, 30.0)], spans) is None
     assert claims.draft_acceptance(windows, []) is None
+    # Counts without per-position rates (vLLM V0's line): no drafts count can be derived.
+    assert claims.draft_acceptance([_spec_window(115.0, 400, 300, [])], spans) is None

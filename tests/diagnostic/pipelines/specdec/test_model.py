@@ -62,9 +62,8 @@ def test_one_trial_gives_every_shorter_length_exactly() -> None:
 
 
 def test_the_peak_of_a_noisy_trial_set_is_within_a_percent_of_the_formulas() -> None:
-    rng = random.Random(5)
     for seed in range(20):
-        rng.seed(seed)
+        rng = random.Random(seed)
         obs = [observe("eagle3", w, k, noise=0.03, rng=rng) for k in (2, 4, 8) for w in ("code", "prose")]
         model = fit(obs, NONE_RATES)
         for w in ("code", "prose"):

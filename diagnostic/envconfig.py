@@ -4,6 +4,12 @@ Each helper names the variable and the value it could not use, so a typo in a
 deployment's environment stops the process at start-up instead of turning into a
 silently different setting. URL helpers turn `DATABASE_URL` and `EMAIL_URL` into the
 dictionaries Django expects.
+
+SECRET_KEY is checked here too (`secret_key_problem`). The web app signs sessions and
+tokens with it, so every process refuses to load the settings with DEBUG off and a missing
+or weak key, unless manage.py said first that its command serves no web page
+(`run_without_secret_key`): `diagnose`, `measure`, `invite`, `migrate` sign nothing, and
+run with an empty key, which Django refuses to sign with if anything tries.
 """
 
 from __future__ import annotations
@@ -18,6 +24,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+# Django's deployment check (security.W009) wants 50 characters, 5 of them distinct, and not
+# the key startproject generates; refusing such a key means `check --deploy` never has to be
+# the one to notice.
+SECRET_KEY_MIN_LENGTH = 50
+SECRET_KEY_MIN_DISTINCT = 5
+DJANGO_GENERATED_KEY_PREFIX = "django-insecure-"
 
 POSTGRES_SCHEMES = frozenset({"postgres", "postgresql", "pgsql"})
 SQLITE_SCHEMES = frozenset({"sqlite"})
@@ -81,6 +94,45 @@ def envlist(name: str, default: list[str], *, environ: Mapping[str, str] | None 
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def secret_key_problem(key: str) -> str | None:
+    """What makes `key` unfit to sign a deployment's sessions ("is not set", ...), or None."""
+    if not key:
+        return "is not set"
+    if key.startswith(DJANGO_GENERATED_KEY_PREFIX):
+        return "is Django's generated development key"
+    if len(key) < SECRET_KEY_MIN_LENGTH or len(set(key)) < SECRET_KEY_MIN_DISTINCT:
+        return f"has {len(key)} characters, {len(set(key))} of them distinct"
+    return None
+
+
+def secret_key_message(problem: str, needed_by: str = "the web app signs sessions and tokens with it") -> str:
+    """One line: what is wrong with SECRET_KEY, who needs it, and what to set."""
+    return (
+        f"SECRET_KEY {problem}: {needed_by}, so with DEBUG off it must be a random string of at least "
+        f"{SECRET_KEY_MIN_LENGTH} characters "
+        "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))'), or set DEBUG=1 for development"
+    )
+
+
+_keyless_command: str | None = None
+
+
+def run_without_secret_key(command: str) -> None:
+    """Let this process load the settings without a usable SECRET_KEY, for `command`.
+
+    manage.py calls it, before the settings load, for a command that serves no web page.
+    The settings then set an empty key (and SECRET_KEY_PROBLEM says why): Django refuses
+    to sign anything with it, and diagnostic.wsgi refuses to serve.
+    """
+    global _keyless_command
+    _keyless_command = command
+
+
+def keyless_command() -> str | None:
+    """The command `run_without_secret_key` named in this process, or None."""
+    return _keyless_command
 
 
 def database_from_url(url: str, *, base_dir: Path, name: str = "DATABASE_URL") -> dict[str, Any]:

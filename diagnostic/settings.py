@@ -21,6 +21,9 @@ from diagnostic.envconfig import (
     envint,
     envlist,
     envstr,
+    keyless_command,
+    secret_key_message,
+    secret_key_problem,
     sqlite_database,
 )
 
@@ -32,26 +35,20 @@ OUT_DIR = Path(envstr("DIAG_OUT_DIR", str(BASE_DIR / "out")))
 # anyone can read here. `make demo`, `make test` and the tests set DEBUG=1 themselves.
 DEBUG = envbool("DEBUG", False)
 
-# Django's own deployment check (security.W009) wants 50 characters, 5 of them distinct,
-# and not the key startproject generates; refusing such a key here means `check --deploy`
-# never has to be the one to notice.
-SECRET_KEY_MIN_LENGTH = 50
-SECRET_KEY_MIN_DISTINCT = 5
+# With DEBUG off a missing or weak key (diagnostic.envconfig.secret_key_problem) stops the
+# settings from loading, in the web app, Celery and every other process, except a
+# manage.py command that serves no web page (diagnose, measure, invite, migrate: see
+# manage.py). Such a command gets an empty key, which Django refuses to sign with, and
+# SECRET_KEY_PROBLEM says why. Only a development process (DEBUG=1 said out loud) may
+# fall back to the public key below.
 _secret = envstr("SECRET_KEY", "")
-if not DEBUG and (len(_secret) < SECRET_KEY_MIN_LENGTH or len(set(_secret)) < SECRET_KEY_MIN_DISTINCT
-                  or _secret.startswith("django-insecure-")):
-    _problem = (
-        "is not set" if not _secret
-        else "is Django's generated development key" if _secret.startswith("django-insecure-")
-        else f"has {len(_secret)} characters, {len(set(_secret))} of them distinct"
-    )
-    raise ImproperlyConfigured(
-        f"SECRET_KEY {_problem}: with DEBUG off it must be a random string of at least "
-        f"{SECRET_KEY_MIN_LENGTH} characters "
-        "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))'), or set DEBUG=1 for development"
-    )
-# Only a development process (DEBUG=1 said out loud) may fall back to this public key.
-SECRET_KEY = _secret or "development-only-key-never-used-with-debug-off"
+SECRET_KEY_PROBLEM = None if DEBUG else secret_key_problem(_secret)
+if SECRET_KEY_PROBLEM is None:
+    SECRET_KEY = _secret or "development-only-key-never-used-with-debug-off"
+elif keyless_command() is not None:
+    SECRET_KEY = ""
+else:
+    raise ImproperlyConfigured(secret_key_message(SECRET_KEY_PROBLEM))
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])

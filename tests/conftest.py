@@ -8,6 +8,14 @@ PostgreSQL or CELERY_BROKER_URL is not Redis, and a test of a gated tier that wo
 fails instead, with its reason. A `services` test that uses the database runs on
 PostgreSQL or not at all: the exactly-once claims it checks rest on PostgreSQL's locking,
 which SQLite would only imitate.
+
+The sshd the ssh tier uses is `sshd_binary()`: SSHD_PATH when it is set (only that path,
+which must be an executable file), else `sshd` on PATH, else Debian's /usr/sbin/sshd. The
+gate's own tests (tests/diagnostic/jobs/test_require_services.py) set it to a stand-in or
+to a path that does not exist, so they pass with and without openssh-server installed.
+
+Skipped tests report their reasons in the summary at the end of every run (`-ra` in
+pyproject's addopts).
 """
 
 from __future__ import annotations
@@ -35,6 +43,14 @@ def service_missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+def sshd_binary() -> str | None:
+    """The sshd executable the ssh tier runs, or None when there is none (see the docstring above)."""
+    named = os.environ.get("SSHD_PATH", "").strip()
+    candidates = [named] if named else [shutil.which("sshd"), "/usr/sbin/sshd"]
+    return next((path for path in candidates
+                 if path and Path(path).is_file() and os.access(path, os.X_OK)), None)
+
+
 def gated_marker(item: pytest.Item) -> str | None:
     return next((name for name in GATED_MARKERS if item.get_closest_marker(name)), None)
 
@@ -48,8 +64,10 @@ def _collection_problems(items: list[pytest.Item]) -> list[str]:
                             "(e.g. postgres://postgres@127.0.0.1:5432/diagnostic)")
         if not os.environ.get("CELERY_BROKER_URL", "").startswith(("redis://", "rediss://")):
             problems.append("CELERY_BROKER_URL is not a Redis URL (e.g. redis://127.0.0.1:6379/0)")
-    if "ssh" in tiers and not (shutil.which("sshd") or Path("/usr/sbin/sshd").exists()):
-        problems.append("sshd (Debian's openssh-server) is not installed")
+    if "ssh" in tiers and sshd_binary() is None:
+        named = os.environ.get("SSHD_PATH", "").strip()
+        problems.append(f"SSHD_PATH={named} is not an executable file" if named
+                        else "sshd (Debian's openssh-server) is not installed")
     return problems
 
 

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import pwd
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from lab.inventory import Inventory, parse_inventory
-from tests.conftest import service_missing
+from tests.conftest import service_missing, sshd_binary
 
-SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+SSHD = sshd_binary() or "/usr/sbin/sshd"
 ENGINE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 

@@ -163,6 +163,9 @@ class LabSession:
         self._tokenizer_dir: tempfile.TemporaryDirectory[str] | None = None
         self._tokenizer: Path | None = None
         self._launched: list[str] = []
+        # Who launches: written into every launch spec as `owner` (the platform and its
+        # job), so that the nodes can say whose engine they run (`status`).
+        self.owner: dict[str, str] | None = None
 
     @classmethod
     def open(cls, inventory_path: str | Path) -> LabSession:
@@ -370,7 +373,10 @@ class LabSession:
         nodes = self.nodes_for(config)
         # The customer's model path names a model of the lab's catalog (render admits it
         # first); on this lab its weights live in the inventory's model directory.
-        return render(config, nodes, model_dir=nodes[0].model_dir)
+        specs = render(config, nodes, model_dir=nodes[0].model_dir)
+        if self.owner:
+            specs = [{**spec, "owner": dict(self.owner)} for spec in specs]
+        return specs
 
     def _healthy(self) -> bool:
         try:

@@ -29,7 +29,7 @@ from diagnostic.pipelines import changes
 from diagnostic.pipelines.changes import apply_changes
 from diagnostic.pipelines.client import EndpointError
 from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
-from diagnostic.pipelines.triage.coldstart import log_offsets
+from diagnostic.pipelines.triage.coldstart import launch_offsets
 from lab.engines import parse_log
 from lab.session import LabError, LabSession, LaunchFailed
 
@@ -274,14 +274,10 @@ def _start_failed(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, 
 
 
 def _launch_marks(session: LabSession, config: dict[str, Any]) -> dict[str, Any]:
-    """Each node's log end, then the lab time, taken right before a launch. Unreadable logs
-    leave the offsets out (the triage then finds the start in the whole log)."""
+    """Where the launch's lines begin in each node's log (each launch writes its own), and
+    the lab time, taken right before a launch."""
     nodes = [str(spec["node"]) for spec in session.specs_for(config)]
-    try:
-        offsets = log_offsets(session, nodes)
-    except LabError:
-        offsets = {}
-    return {"log_offsets": offsets, "launched_from": session.clock.now() - 2.0}
+    return {"log_offsets": launch_offsets(nodes), "launched_from": session.clock.now() - 2.0}
 
 
 def _collect_telemetry(ctx: StageContext, since: float) -> dict[str, Any]:

@@ -59,6 +59,9 @@ ENGINE_PACKAGES = ("vllm", "sglang")
 
 ENGINE_RECORD = "engine.json"  # the pidfile of the launched engine, in the work dir
 ENGINE_EXIT = "engine.exit.json"  # written by the supervisor when the engine exits
+# Each launch writes its own log: the previous launch's file is kept beside it as
+# LOG.1, LOG.2, ... (oldest first), at most this many.
+LOG_ARCHIVE_KEEP = 20
 DEFAULT_GRACE_S = 20.0  # SIGTERM to SIGKILL; below the platform's 60 s call timeout
 SAMPLER_STOP_WAIT_S = 5.0
 DEFAULT_LOG_MAX = 1 << 20
@@ -970,10 +973,53 @@ def load_spec(path: str, base: str) -> tuple[dict[str, Any], str]:
     cwd = spec.get("cwd", base)
     if not isinstance(cwd, str):
         raise bad("cwd", "must be a directory path")
+    owner = spec.get("owner")
+    if owner is not None and not (isinstance(owner, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in owner.items())):
+        raise bad("owner", "must map names to strings (the platform and job that launched it)")
     cwd = os.path.join(base, cwd)
     if not os.path.isdir(cwd):
         raise bad("cwd", "must be an existing directory")
     return {**spec, "env": env, "cwd": cwd, "log_file": os.path.join(base, log_file)}, digest
+
+
+def archived_logs(path: str) -> list[tuple[int, str]]:
+    """The earlier launches' logs kept beside `path` (`path`.N), oldest first."""
+    folder, base = os.path.split(path)
+    found = []
+    for name in list_dir(folder or "."):
+        suffix = name[len(base) + 1:] if name.startswith(base + ".") else ""
+        if suffix.isdigit():
+            found.append((int(suffix), os.path.join(folder, name)))
+    return sorted(found)
+
+
+def rotate_log(path: str, keep: int = LOG_ARCHIVE_KEEP) -> str | None:
+    """Move the previous launch's log at `path` aside (to `path`.N, N one past the newest
+    kept), so that this launch's log starts empty and holds nothing of an earlier one;
+    drop the oldest beyond `keep`. Returns where the old log went, None when there was none."""
+    try:
+        if os.path.getsize(path) == 0:
+            return None
+    except OSError:
+        return None
+    kept = archived_logs(path)
+    target = f"{path}.{(kept[-1][0] + 1) if kept else 1}"
+    os.replace(path, target)
+    archive = [name for _, name in kept] + [target]
+    for old in archive[:max(0, len(archive) - keep)]:
+        with contextlib.suppress(OSError):
+            os.unlink(old)
+    return target
+
+
+def launch_owner(spec: dict[str, Any]) -> dict[str, str] | None:
+    """Who started the engine, as the launch spec says (`owner`: the platform and its job);
+    None when the spec names nobody."""
+    owner = spec.get("owner")
+    if not isinstance(owner, dict):
+        return None
+    return {str(k): str(v) for k, v in owner.items() if isinstance(v, (str, int))}
 
 
 def engine_record(wd: str) -> dict[str, Any] | None:
@@ -1006,6 +1052,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
                          "run `stop` first")
     try:
         os.makedirs(os.path.dirname(spec["log_file"]), exist_ok=True)
+        rotate_log(spec["log_file"])
         log_fd = os.open(spec["log_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError as exc:
         raise AgentError("io_error", f"spec.log_file: cannot open {spec['log_file']!r}: "
@@ -1050,7 +1097,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
                 "pgid": me, "group_since": me_stat.starttime if me_stat else 0,
                 "boot_id": boot, "started": started, "log_file": spec["log_file"],
                 "spec": os.path.abspath(args.spec), "spec_sha256": spec_sha256, "argv": argv,
-                "user": user.name,
+                "user": user.name, "owner": launch_owner(spec),
             })
         except OSError:
             # An engine that stop and status cannot find must not keep running.
@@ -1085,7 +1132,8 @@ def status(args: argparse.Namespace) -> dict[str, Any]:
     wd = work_dir(args)
     record = engine_record(wd)
     if record is None:
-        return {"running": False, "pid": None, "exit_code": None, "spec_sha256": None}
+        return {"running": False, "pid": None, "exit_code": None, "spec_sha256": None,
+                "owner": None, "log_file": None}
     running = engine_running(record)
     exit_code = None
     if not running:
@@ -1097,8 +1145,12 @@ def status(args: argparse.Namespace) -> dict[str, Any]:
     # itself may have been rewritten since. A record written before hashes were kept
     # has none.
     digest = record.get("spec_sha256")
+    owner = record.get("owner")
+    log_file = record.get("log_file")
     return {"running": running, "pid": record["pid"], "exit_code": exit_code,
-            "spec_sha256": digest if isinstance(digest, str) else None}
+            "spec_sha256": digest if isinstance(digest, str) else None,
+            "owner": owner if isinstance(owner, dict) else None,
+            "log_file": log_file if isinstance(log_file, str) else None}
 
 
 # -- logs ---------------------------------------------------------------------------------

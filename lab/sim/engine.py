@@ -281,7 +281,8 @@ class EngineProcess:
         self._pending_exit = -15
         self.kv_tokens: int | None = None
         self._master = "127.0.0.1:29500"
-        # Like the real agent, a launch appends to the log file rather than replacing it.
+        # Like the real agent, each launch has its own log file (the node moved the previous
+        # launch's aside before starting this one).
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.touch()
 

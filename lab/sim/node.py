@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from lab.agent.agent import launch_owner, rotate_log
 from lab.clock import LabClock
 from lab.config import JIT_CACHE_ENV, env_name_problem
 from lab.sim import fp4
@@ -469,6 +470,10 @@ class SimNode:
                 raise AgentFailure("invalid_spec", f"spec.env.{name}: {problem}")
         if not isinstance(log_file, str) or not log_file:
             raise bad("log_file", "must be a file path")
+        owner = spec.get("owner")
+        if owner is not None and not (isinstance(owner, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in owner.items())):
+            raise bad("owner", "must map names to strings (the platform and job that launched it)")
         cwd = spec.get("cwd", self.paths.work_dir)
         if not isinstance(cwd, str) or not self.host_path(posixpath.join(self.paths.work_dir, cwd)).is_dir():
             raise bad("cwd", "must be an existing directory")
@@ -489,6 +494,7 @@ class SimNode:
                 raise AgentFailure("already_running", f"launch: an engine already runs here "
                                    f"(pid {running[0].pid}); run `stop` first")
             started = self.clock.now()
+            rotate_log(str(log_host))
             proc = EngineProcess(self, pid=self._pid(), spec=spec, log_path=log_host, started=started,
                                  spec_sha256=spec_sha256)
             self.launch_count += 1
@@ -505,9 +511,12 @@ class SimNode:
         with self.lock:
             proc = self.processes[-1] if self.processes else None
         if proc is None:
-            return {"running": False, "pid": None, "exit_code": None, "spec_sha256": None}
+            return {"running": False, "pid": None, "exit_code": None, "spec_sha256": None,
+                    "owner": None, "log_file": None}
+        owner = launch_owner(proc.spec)
         return {"running": proc.running, "pid": proc.pid, "exit_code": proc.exit_code,
-                "spec_sha256": proc.spec_sha256}
+                "spec_sha256": proc.spec_sha256, "owner": owner,
+                "log_file": str(proc.spec.get("log_file") or "") or None}
 
     def _logs(self, file: str, since: int, max_bytes: int) -> dict[str, Any]:
         path = self.host_path(file)

@@ -122,15 +122,12 @@ class _Stage:
         return self._vocab if isinstance(self._vocab, int) else None
 
     # -- launching ------------------------------------------------------------------------
-    def log_offset(self) -> int:
-        return self.session.logs(self.head, tail_bytes=0).next_offset
-
     def launch(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Start `config` warm; the FP4 backends its log names and the lab seconds it took."""
-        since = self.log_offset()
+        """Start `config` warm; the FP4 backends its log names and the lab seconds it took.
+        The launch writes a log of its own, read from its beginning."""
         t0 = self.session.clock.now()
         result = self.session.launch(config, cold=False, timeout_s=LAUNCH_TIMEOUT_S)
-        lines = self.session.logs(self.head, since=since).text.splitlines()
+        lines = self.session.logs(self.head, since=0).text.splitlines()
         return {
             "events": bk.backend_events(self.engine, lines),
             "launch_s": round(result.cold_start_s, 3),

@@ -200,15 +200,10 @@ def _each(nodes: Sequence[str], fn: Callable[[str], Any]) -> dict[str, Any]:
         return dict(zip(nodes, pool.map(fn, nodes), strict=True))
 
 
-def log_offsets(session: LabSession, nodes: Sequence[str]) -> dict[str, int]:
-    """Where each node's engine log ends now: a launch appends to it, so what it writes is
-    read from here (the reproduce stage records these before its launch too)."""
-    def size(node: str) -> int:
-        try:
-            return session.logs(node, tail_bytes=0).next_offset
-        except LabError:
-            return 0  # no log yet
-    return _each(nodes, size)
+def launch_offsets(nodes: Sequence[str]) -> dict[str, int]:
+    """Where a launch's lines begin in each node's engine log: at 0, since every launch
+    writes a log of its own (the node agent moves the previous one aside)."""
+    return {node: 0 for node in nodes}
 
 
 def _logs_since(session: LabSession, offsets: Mapping[str, int]) -> dict[str, str]:
@@ -226,7 +221,7 @@ def observe(session: LabSession, config: dict[str, Any], run: str, *, facts: Map
     running, and read its evidence."""
     began = session.clock.now()
     nodes = [spec["node"] for spec in session.specs_for(config)]
-    offsets = log_offsets(session, nodes)
+    offsets = launch_offsets(nodes)
     session.start_sampler(nodes)
     since = session.clock.now() - 2.0
     launched: LaunchResult = session.launch(config, cold=cold, timeout_s=LAUNCH_TIMEOUT_LAB_S)

@@ -54,7 +54,8 @@ def test_it_reports_the_pid_and_start_time_on_the_node_clock(work_dir: Path) -> 
     assert before <= data["started"] <= time.time()
     assert proc_alive(data["pid"])
     assert run_agent("status", "--work-dir", str(work_dir)).data == {
-        "running": True, "pid": data["pid"], "exit_code": None, "spec_sha256": _spec_sha256(work_dir)}
+        "running": True, "pid": data["pid"], "exit_code": None, "spec_sha256": _spec_sha256(work_dir),
+        "owner": None, "log_file": data["log_file"]}
 
 
 def test_status_names_the_spec_the_engine_was_launched_from_by_the_hash_of_its_bytes(
@@ -80,27 +81,62 @@ def test_status_names_the_spec_the_engine_was_launched_from_by_the_hash_of_its_b
     assert record["spec_sha256"] == launched
 
 
-def test_it_appends_to_an_existing_log_and_uses_the_spec_cwd(work_dir: Path, tmp_path: Path) -> None:
+def test_each_launch_writes_its_own_log_and_uses_the_spec_cwd(work_dir: Path, tmp_path: Path) -> None:
     log = work_dir / "engine.log"
     log.write_text("earlier start\n")
+    (work_dir / "engine.log.1").write_text("the start before that\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     _launch(work_dir, [sys.executable, "-c", "import os; print(os.getcwd())"],
             log_file="engine.log", cwd=str(elsewhere))
-    assert wait_until(lambda: log.read_text().count("\n") == 2)
-    assert log.read_text() == f"earlier start\n{elsewhere}\n"
+    assert wait_until(lambda: log.exists() and log.read_text().count("\n") == 1)
+    # This launch's lines alone; the earlier launches' logs are kept beside it, oldest first.
+    assert log.read_text() == f"{elsewhere}\n"
+    assert (work_dir / "engine.log.2").read_text() == "earlier start\n"
+    assert (work_dir / "engine.log.1").read_text() == "the start before that\n"
+
+
+def test_the_launch_spec_owner_comes_back_in_status(work_dir: Path) -> None:
+    owner = {"platform": "gb10-diag", "job": "8d0c5c1e"}
+    _launch(work_dir, [sys.executable, "-c", "import time; time.sleep(60)"], owner=owner)
+    assert run_agent("status", "--work-dir", str(work_dir)).data["owner"] == owner
+    run_agent("stop", "--work-dir", str(work_dir), "--grace", "1")
+
+
+def test_an_owner_that_is_not_names_to_strings_is_refused(work_dir: Path) -> None:
+    spec = {"schema": "lab.launch/1", "argv": [sys.executable, "-c", "pass"], "log_file": "engine.log",
+            "owner": {"job": ["not", "a", "string"]}}
+    path = work_dir / "spec.json"
+    path.write_text(json.dumps(spec))
+    answer = run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir))
+    assert answer.error["code"] == "invalid_spec"
+    assert "spec.owner" in answer.error["message"]
+
+
+def test_old_logs_beyond_the_limit_are_dropped(tmp_path: Path) -> None:
+    from lab.agent import agent
+
+    log = tmp_path / "engine.log"
+    for n in range(1, 4):
+        (tmp_path / f"engine.log.{n}").write_text(f"launch {n}\n")
+    log.write_text("launch 4\n")
+    assert agent.rotate_log(str(log), keep=2) == f"{log}.4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine.log.3", "engine.log.4"]
+    assert agent.rotate_log(str(log), keep=2) is None, "no log, nothing to move"
 
 
 def test_status_reports_the_exit_code_of_an_engine_that_ended(work_dir: Path) -> None:
     data = _launch(work_dir, [sys.executable, "-c", "import sys; sys.exit(3)"])
     assert wait_until(lambda: run_agent("status", "--work-dir", str(work_dir)).data["exit_code"] == 3)
     assert run_agent("status", "--work-dir", str(work_dir)).data == {
-        "running": False, "pid": data["pid"], "exit_code": 3, "spec_sha256": _spec_sha256(work_dir)}
+        "running": False, "pid": data["pid"], "exit_code": 3, "spec_sha256": _spec_sha256(work_dir),
+        "owner": None, "log_file": data["log_file"]}
 
 
 def test_status_before_any_launch_knows_nothing(work_dir: Path) -> None:
     assert run_agent("status", "--work-dir", str(work_dir)).data == {
-        "running": False, "pid": None, "exit_code": None, "spec_sha256": None}
+        "running": False, "pid": None, "exit_code": None, "spec_sha256": None, "owner": None,
+        "log_file": None}
 
 
 def test_stop_takes_the_whole_process_group(work_dir: Path) -> None:
@@ -118,7 +154,8 @@ def test_stop_takes_the_whole_process_group(work_dir: Path) -> None:
     assert not proc_alive(engine) and not proc_alive(grandchild)
     status = run_agent("status", "--work-dir", str(work_dir)).data
     assert status == {"running": False, "pid": engine, "exit_code": -15,  # killed by SIGTERM
-                      "spec_sha256": _spec_sha256(work_dir)}
+                      "spec_sha256": _spec_sha256(work_dir), "owner": None,
+                      "log_file": str(work_dir / "logs" / "engine.log")}
 
 
 def test_stop_kills_an_engine_that_ignores_sigterm_after_the_grace_period(work_dir: Path) -> None:

@@ -116,7 +116,8 @@ def test_every_verb_answers_in_the_agent_schema(sim_lab: SimLab) -> None:
     stopped = data(node, "stop")["stopped"]
     assert stopped == [procs[0].pid]
     assert data(node, "status") == {"running": False, "pid": procs[0].pid, "exit_code": -15,
-                                    "spec_sha256": procs[0].spec_sha256}
+                                    "spec_sha256": procs[0].spec_sha256, "owner": None,
+                                    "log_file": "/var/lib/diag/logs/engine.log"}
 
 
 def test_launch_reads_the_spec_file_and_refuses_a_second_engine(sim_lab: SimLab) -> None:
@@ -127,7 +128,8 @@ def test_launch_reads_the_spec_file_and_refuses_a_second_engine(sim_lab: SimLab)
 
     spec = render(out_of_box(), load_inventory(sim_lab.inventory_path).nodes)[0]
     node = sim_lab.head
-    assert data(node, "status") == {"running": False, "pid": None, "exit_code": None, "spec_sha256": None}
+    assert data(node, "status") == {"running": False, "pid": None, "exit_code": None, "spec_sha256": None,
+                                    "owner": None, "log_file": None}
     node.host_path("/var/lib/diag/launch").mkdir(parents=True)
     raw = json.dumps(spec).encode()
     node.host_path("/var/lib/diag/launch/spec.json").write_bytes(raw)

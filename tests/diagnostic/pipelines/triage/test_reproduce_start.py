@@ -27,7 +27,7 @@ def reproduce_start(session: LabSession, config: dict[str, Any], *,
     session.start_sampler()
     since = session.clock.now()
     nodes = [spec["node"] for spec in session.specs_for(config)]
-    offsets = cs.log_offsets(session, nodes)
+    offsets = cs.launch_offsets(nodes)
     launched_from = session.clock.now() - 2.0
     launched = session.launch(config, cold=True)
     telemetry = session.telemetry(since=since)

@@ -207,6 +207,9 @@ CONTENT_SECURITY_POLICY = {
 # Email: files under out/email by default, SMTP through EMAIL_URL or EMAIL_HOST.
 DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "diagnostic@localhost")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
+# Who hears at once when a lab fault holds a diagnostic day, for a lab with no contact of
+# its own (Lab.contact_email).
+DIAG_LAB_CONTACT_EMAIL = envstr("DIAG_LAB_CONTACT_EMAIL", "lab@localhost")
 _email_url = envstr("EMAIL_URL", "")
 if _email_url:
     _email: dict[str, Any] = email_from_url(_email_url)

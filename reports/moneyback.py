@@ -213,6 +213,73 @@ def lab_day_of(findings: Mapping[str, Any]) -> dt.date | None:
         raise ValueError(f"job.lab_day: expected an ISO date such as 2025-12-01, got {raw!r}") from None
 
 
+# A day a lab fault stopped is re-run at no cost; it is free only when it cannot be re-run
+# within this many business days of the fault (METHODOLOGY.md "Money back").
+RERUN_BUSINESS_DAYS = 5
+
+
+def add_business_days(day: dt.date, count: int, holidays: Collection[dt.date] = ()) -> dt.date:
+    """The `count`-th business day after `day`."""
+    for _ in range(count):
+        day = next_business_day(day, holidays)
+    return day
+
+
+def rerun_deadline(fault_day: dt.date, holidays: Collection[dt.date] = ()) -> dt.date:
+    """The last day a re-run of a day stopped by a lab fault keeps the engagement charged."""
+    return add_business_days(fault_day, RERUN_BUSINESS_DAYS, holidays)
+
+
+def held_decision(fault_day: dt.date, today: dt.date, *,
+                  holidays: Collection[dt.date] = ()) -> dict[str, Any]:
+    """The `money_back` section of a day held for a lab fault, before its re-run: a re-run
+    is due at no cost; the engagement becomes free once the five business days have passed
+    without one."""
+    deadline = rerun_deadline(fault_day, holidays)
+    late = today > deadline
+    reason = (
+        f"A fault of our lab stopped the diagnostic on {fault_day:%Y-%m-%d}, and it was not re-run "
+        f"within {RERUN_BUSINESS_DAYS} business days (by {deadline:%Y-%m-%d}): "
+        "the engagement is free of charge."
+        if late else
+        f"A fault of our lab stopped the diagnostic on {fault_day:%Y-%m-%d}. It will be re-run at no cost; "
+        f"if it cannot be re-run by {deadline:%Y-%m-%d} ({RERUN_BUSINESS_DAYS} business days), the "
+        "engagement is free of charge."
+    )
+    return {"eligible": late, "reason": reason, "rerun_due": not late,
+            "rerun_by": deadline.isoformat(), "computed_eligible": late}
+
+
+def _lab_fault_condition(faults: Sequence[Mapping[str, Any]], holidays: Collection[dt.date]) -> Condition:
+    """Whether every lab fault that stopped the day was re-run within five business days."""
+    late: list[str] = []
+    told: list[str] = []
+    for fault in faults:
+        try:
+            at = dt.date.fromisoformat(str(fault.get("at"))[:10])
+        except ValueError:
+            continue
+        rerun = fault.get("rerun_on")
+        deadline = rerun_deadline(at, holidays)
+        try:
+            rerun_day = dt.date.fromisoformat(str(rerun)[:10]) if rerun else None
+        except ValueError:
+            rerun_day = None
+        if rerun_day is None or rerun_day > deadline:
+            late.append(f"the fault of {at:%Y-%m-%d} was "
+                        + (f"re-run on {rerun_day:%Y-%m-%d}" if rerun_day else "not re-run")
+                        + f", after {deadline:%Y-%m-%d}")
+        else:
+            told.append(f"the fault of {at:%Y-%m-%d} was re-run on {rerun_day:%Y-%m-%d}, "
+                        f"by {deadline:%Y-%m-%d}")
+    label = f"A lab fault's day not re-run within {RERUN_BUSINESS_DAYS} business days"
+    if late:
+        return Condition("lab_fault_not_rerun", label, True,
+                         "A fault of our lab stopped the day and " + "; ".join(late) + ".")
+    return Condition("lab_fault_not_rerun", label, False,
+                     "A fault of our lab stopped the day; " + "; ".join(told) + ", at no cost.")
+
+
 TUNED_DIFFERENCE = "measurement.difference."
 COLD_START_DIFFERENCE = "cold_start.difference"
 
@@ -324,7 +391,10 @@ def assess(
             f"{shown_deadline:%A %Y-%m-%d} (lab day {day:%Y-%m-%d}).",
         )
 
-    conditions = (lab_condition, improvement_condition, late_condition)
+    conditions: tuple[Condition, ...] = (lab_condition, improvement_condition, late_condition)
+    faults = [f for f in findings.get("lab_faults") or [] if isinstance(f, Mapping)]
+    if faults:
+        conditions += (_lab_fault_condition(faults, holidays),)
     return MoneyBackDecision(
         computed_eligible=any(c.holds for c in conditions),
         conditions=conditions,

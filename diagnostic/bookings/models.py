@@ -101,6 +101,8 @@ class Lab(models.Model):
         max_length=500, help_text="path to a lab.inventory/1 file, or sim:SCENARIO-FILE"
     )
     description = models.TextField(blank=True)
+    # Who hears at once when a lab fault holds a day (DIAG_LAB_CONTACT_EMAIL when blank).
+    contact_email = models.EmailField(blank=True)
 
     class Meta:
         ordering = ("name",)

@@ -16,6 +16,7 @@ from diagnostic.jobs.models import (
     DiagnosticJob,
     Finding,
     FindingEdit,
+    JobEvent,
     LabHealth,
     LabLease,
     Measurement,
@@ -109,3 +110,9 @@ class LabHealthAdmin(ReadOnlyAdmin):
 class NodeHealthAdmin(ReadOnlyAdmin):
     list_display = ("lab", "node", "reachable", "engine_running", "checked_at", "last_telemetry_at")
     list_filter = ("reachable", "lab")
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(ReadOnlyAdmin):
+    list_display = ("at", "job", "kind", "message")
+    list_filter = ("kind",)

@@ -38,10 +38,13 @@ class StopJob(Exception):
     """Raised by a stage that concluded the job cannot go on (e.g. preflight found the lab
     cannot run the configuration). The stage still succeeds: its findings are the result."""
 
-    def __init__(self, reason: str, result: dict[str, Any] | None = None) -> None:
+    def __init__(self, reason: str, result: dict[str, Any] | None = None, *,
+                 side: str = "customer") -> None:
         super().__init__(reason)
         self.reason = reason
         self.result = result or {}
+        # Whose the stop is: "customer" (their configuration) or "lab" (ours).
+        self.side = side
 
 
 class StageCancelled(Exception):
@@ -155,6 +158,11 @@ class StageContext:
         """Stop here if the job was cancelled; call between long steps."""
         if self.cancel_event.is_set():
             raise StageCancelled(f"job {self.job.pk} was cancelled during {self.stage.name}")
+
+    def carry_log(self, earlier: str) -> None:
+        """Start from what the stage's earlier attempts wrote: its log keeps every attempt."""
+        if earlier.strip():
+            self._log_parts.insert(0, earlier if earlier.endswith("\n") else earlier + "\n")
 
     def log(self, line: str) -> None:
         """Append a line to the stage's log (saved with the next progress write)."""

@@ -43,6 +43,41 @@ class Fault:
     kind: str  # lab, ssh, engine, config, database, broker, endpoint, disk, error
     reason: str
 
+    @property
+    def side(self) -> str:
+        """Whose fault it is (METHODOLOGY.md "Money back"): `customer` (their configuration:
+        refused, or the engine's own answer to it), `lab` (a node, its agent, SSH, the lab's
+        network: the day is held and re-run at no cost) or `platform` (our database, broker,
+        disk or code)."""
+        if self.kind == "endpoint":
+            # An endpoint that reset or was away: the lab's; one that answered and refused
+            # (HTTP 400, no logprobs) is the engine's answer to the configuration.
+            return "lab" if self.transient else "customer"
+        return FAULT_SIDES.get(self.kind, "platform")
+
+    @property
+    def holds_the_day(self) -> bool:
+        """A lab fault: the day stops, held for a re-run, instead of failing the customer."""
+        return self.side == "lab"
+
+
+# Kinds by whose they are; anything not named is the platform's.
+FAULT_SIDES = {"config": "customer", "engine": "customer", "lab": "lab", "ssh": "lab"}
+
+
+class LabFault(Exception):
+    """A condition of the lab, found by the platform, that stops the day for staff: a node
+    with no GPU or no model directory, an engine nobody here started, memory something else
+    holds. `what` is a short code, `nodes` the nodes it concerns, `evidence` the facts."""
+
+    def __init__(self, what: str, message: str, *, nodes: list[str] | None = None,
+                 evidence: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.what = what
+        self.message = message
+        self.nodes = sorted(nodes or [])
+        self.evidence = evidence or {}
+
 
 def _broker_errors() -> tuple[type[BaseException], ...]:
     """The broker client's connection errors (kombu wraps redis-py's, which may escape it)."""
@@ -82,6 +117,8 @@ def _describe(exc: BaseException) -> str:
 def _one(exc: BaseException) -> Fault | None:
     """The fault `exc` itself is, when it is one this module knows."""
     described = _describe(exc)
+    if isinstance(exc, LabFault):
+        return Fault(False, "lab", described)
     if isinstance(exc, ConfigError):
         return Fault(False, "config", described)
     if isinstance(exc, LaunchFailed):

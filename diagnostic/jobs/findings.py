@@ -16,8 +16,9 @@ from typing import Any
 import jsonschema
 from django.utils import timezone
 
-from diagnostic.jobs.models import DiagnosticJob, StageRun
+from diagnostic.jobs.models import DiagnosticJob, JobEvent, StageRun
 from diagnostic.jobs.tuning import tuned_section
+from reports.moneyback import held_decision
 
 SCHEMA = "diagnostic.findings/1"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "findings.schema.json"
@@ -71,6 +72,12 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
         wall = 0.0
     else:
         wall = ((job.finished_at or timezone.now()) - job.started_at).total_seconds()
+    held = job.status == DiagnosticJob.Status.HELD
+    money_back = report.get("money_back")
+    if held and job.first_fault_at is not None:
+        # No report, no verdict on the findings: a re-run is due at no cost (or, five
+        # business days on without one, the day is free).
+        money_back = held_decision(timezone.localdate(job.first_fault_at), timezone.localdate())
     return {
         "schema": SCHEMA,
         "job": {
@@ -79,6 +86,7 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
             "simulated": job.lab.is_simulated,
             "status": job.status,
             "status_message": job.status_message,
+            **({"stop_side": job.stop_side} if job.stop_side else {}),
             "seed": job.seed,
             **({"lab_dilation": dilation} if dilation else {}),
             "lab_time_s": round(sum(s.lab_seconds or 0.0 for s in stages), 3),
@@ -99,6 +107,32 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
         # The customer's configuration with every proved change, its command and diff.
         "tuned": tuned_section(job),
         "findings": [f.as_document() for f in job.finding_set.order_by("id")],
-        # Decided by the report stage from measured improvements; never guessed here.
-        "money_back": report.get("money_back"),
+        # Decided by the report stage from measured improvements; never guessed here (a held
+        # day's is the re-run rule's).
+        "money_back": money_back,
+        # The fault the day is held for now (staff facts: nodes, evidence), and every lab
+        # fault that stopped this diagnostic with when it was re-run.
+        "lab_fault": job.fault if held else None,
+        "lab_faults": lab_fault_history(job),
     }
+
+
+def lab_fault_history(job: DiagnosticJob) -> list[dict[str, Any]]:
+    """Each lab fault that held the job, oldest first: when, where, what, and the day of the
+    re-run that followed it (None while none is set)."""
+    history: list[dict[str, Any]] = []
+    for event in job.events.filter(kind__in=[JobEvent.Kind.LAB_FAULT, JobEvent.Kind.RETRIED,
+                                             JobEvent.Kind.MOVED]).order_by("at", "id"):
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.kind == JobEvent.Kind.LAB_FAULT:
+            history.append({
+                "at": timezone.localtime(event.at).isoformat(),
+                "stage": data.get("stage"),
+                "what": data.get("what"),
+                "nodes": data.get("nodes") or [],
+                "summary": data.get("summary") or event.message,
+                "rerun_on": None,
+            })
+        elif history and history[-1]["rerun_on"] is None:
+            history[-1]["rerun_on"] = data.get("rerun_on")
+    return history

@@ -40,9 +40,14 @@ def open_lab_session(lab: Lab) -> Iterator[LabSession]:
 class LabAccess:
     """Opens the lab session the first time a stage asks for it, and closes it after."""
 
-    def __init__(self, factory: SessionFactory, lab: Lab) -> None:
+    def __init__(self, factory: SessionFactory, lab: Lab, owner: dict[str, str] | None = None,
+                 on_open: Callable[[LabSession], None] | None = None) -> None:
         self._factory = factory
         self._lab = lab
+        self._owner = owner
+        # Called once with the session when it opens (the job's sweep of the lab).
+        self._on_open = on_open
+        self._checked = False
         self._stack = ExitStack()
         self._session: LabSession | None = None
 
@@ -50,9 +55,16 @@ class LabAccess:
     def opened(self) -> bool:
         return self._session is not None
 
-    def session(self) -> LabSession:
+    def session(self, *, check: bool = True) -> LabSession:
+        """The open session; the first call with `check` runs `on_open` on it (a failure
+        there is raised, and asked again at the next call)."""
         if self._session is None:
             self._session = self._stack.enter_context(self._factory(self._lab))
+            if self._owner is not None:
+                self._session.owner = dict(self._owner)
+        if check and not self._checked and self._on_open is not None:
+            self._on_open(self._session)
+            self._checked = True
         return self._session
 
     def lab_seconds_since(self, wall_start: float) -> float:

@@ -53,7 +53,7 @@ def claim_stage(stage_id: int, *, owner: str, lease_s: float, max_attempts: int)
             progress_message="",
             status_message="",
             result=None,
-            log="",
+            # The log is kept: each attempt appends to what the earlier ones wrote.
         )
     )
     if claimed == 1:

@@ -68,6 +68,17 @@ class DiagnosticJob(models.Model):
         PARTIAL = "partial", "partial"
         FAILED = "failed", "failed"
         CANCELLED = "cancelled", "cancelled"
+        # Stopped by a fault of the lab or of the platform, not of the customer's
+        # configuration: waits for staff to re-run it (same day or another), at no cost.
+        HELD = "held", "held for a lab fault"
+
+    class Side(models.TextChoices):
+        """Whose a stop is: the customer's configuration, or the firm's (the lab, the
+        platform). METHODOLOGY.md "Money back"."""
+
+        CUSTOMER = "customer", "the customer's configuration"
+        LAB = "lab", "the lab"
+        PLATFORM = "platform", "the platform"
 
     TERMINAL = frozenset({Status.SUCCEEDED, Status.PARTIAL, Status.FAILED, Status.CANCELLED})
 
@@ -97,6 +108,16 @@ class DiagnosticJob(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # The diagnostic.findings/1 document, rebuilt when the job ends.
     findings = models.JSONField(null=True, blank=True)
+    # Whose the stop was (the job ended failed, or is held) and why: status_message.
+    stop_side = models.CharField(max_length=10, choices=Side.choices, blank=True)
+    # The lab fault the job is held for: what, where (stage, nodes), the evidence, when.
+    # Kept after a re-run (the audit trail is the JobEvent rows); cleared fields are not.
+    fault = models.JSONField(null=True, blank=True)
+    # When a lab fault first held this diagnostic: the five business days of the money-back
+    # rule run from here.
+    first_fault_at = models.DateTimeField(null=True, blank=True)
+    # Some stage opened a session on the lab: the job has engines to stop at its end.
+    lab_used = models.BooleanField(default=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -128,6 +149,10 @@ class DiagnosticJob(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL
+
+    @property
+    def is_held(self) -> bool:
+        return self.status == self.Status.HELD
 
     @property
     def lab_day_starts_at(self) -> dt.datetime | None:
@@ -452,3 +477,32 @@ class NodeHealth(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lab_id}/{self.node}: {'up' if self.reachable else 'unreachable'}"
+
+
+class JobEvent(models.Model):
+    """The staff's log of a job: what the platform did to the lab for it (engines of an
+    earlier job stopped, its own stopped at its end), lab faults that held it, re-runs and
+    moves. Staff only; the customer's report carries none of it except, for a re-run day,
+    the fault in its audit trail."""
+
+    class Kind(models.TextChoices):
+        LAB_CLEANED = "lab_cleaned", "lab cleaned before the job"
+        ENGINES_STOPPED = "engines_stopped", "engines stopped at the job's end"
+        LAB_FAULT = "lab_fault", "held for a lab fault"
+        RETRIED = "retried", "re-run on the same day"
+        MOVED = "moved", "moved to another lab day"
+        STOP = "stop", "stopped"
+
+    job = models.ForeignKey(DiagnosticJob, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    message = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+")
+
+    class Meta:
+        ordering = ("job", "at", "id")
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind}: {self.message}"

@@ -39,12 +39,21 @@ from django.utils import timezone
 from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab
 from diagnostic.jobs import leases
 from diagnostic.jobs.context import StageCancelled, StageContext, StopJob
-from diagnostic.jobs.faults import DATABASE_CONNECTION_ERRORS, classify, reset_connection, through_outage
+from diagnostic.jobs.faults import (
+    DATABASE_CONNECTION_ERRORS,
+    Fault,
+    LabFault,
+    classify,
+    reset_connection,
+    through_outage,
+)
 from diagnostic.jobs.findings import build_findings
+from diagnostic.jobs.hygiene import job_owner, shut_down, sweep
 from diagnostic.jobs.labaccess import LabAccess, SessionFactory
 from diagnostic.jobs.leases import Claim
-from diagnostic.jobs.models import DiagnosticJob, Finding, Measurement, StageRun
+from diagnostic.jobs.models import DiagnosticJob, Finding, JobEvent, Measurement, StageRun
 from diagnostic.jobs.registry import Stage, lookup, select_stages
+from lab.session import AgentError, LabSession, NodeUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +67,7 @@ class Next(enum.Enum):
     RETRY = "retry"  # a stage hit a transient fault; run again after `countdown`
     LAB_BUSY = "lab_busy"  # another job holds the lab; try again after `countdown`
     ELSEWHERE = "elsewhere"  # another worker holds the next stage's lease
+    HELD = "held"  # a lab fault stopped the job; it waits for staff to re-run it
 
 
 @dataclass(frozen=True)
@@ -185,8 +195,10 @@ class Heartbeat:
             reset_connection()
 
 
-# The key a stage's result carries when the stage stopped the job, with the reason.
+# The key a stage's result carries when the stage stopped the job, with the reason, and
+# whose the stop was (customer or lab).
 STOPPED_JOB = "stopped_job"
+STOP_SIDE = "stop_side"
 
 
 class Verdict(enum.Enum):
@@ -197,12 +209,15 @@ class Verdict(enum.Enum):
     FAILED = "failed"
     LEASE_LOST = "lease_lost"
     TIMED_OUT = "timed_out"
+    HELD = "held"
 
 
 @dataclass
 class StageEnd:
     verdict: Verdict
     message: str = ""
+    # With HELD: the lab fault, as the job records it (what, nodes, evidence).
+    fault: dict[str, Any] | None = None
 
 
 def orchestrate(
@@ -224,8 +239,17 @@ def orchestrate(
         return Outcome(Next.FINISHED, message=f"no job {job_id}")
     if job.is_terminal:
         return Outcome(Next.FINISHED, message=f"job already {job.status}")
+    if job.is_held:
+        if job.cancel_requested:
+            return _stop(job, JobStatus.CANCELLED, "cancelled on request while held for a lab fault")
+        return Outcome(Next.HELD, message=job.status_message)
     if job.cancel_requested:
-        return _cancel(job)
+        # The cancelled job's engines are stopped too (a worker that died left them running).
+        cancelling = LabAccess(session_factory, job.lab, owner=job_owner(str(job.pk)))
+        try:
+            return _cancel(job, cancelling)
+        finally:
+            cancelling.close()
     if time_limit is not None and time_limit.reached:
         return _stop(job, JobStatus.FAILED, time_limit.reason("before the job could go on"))
     if not leases.acquire_lab(job, owner=owner, lease_s=settings.DIAG_LAB_LEASE_S):
@@ -242,7 +266,8 @@ def orchestrate(
         log.info("job started", extra={"job": str(job.pk), "lab": job.lab.name, "owner": owner})
     job.refresh_from_db()
 
-    access = LabAccess(session_factory, job.lab)
+    access = LabAccess(session_factory, job.lab, owner=job_owner(str(job.pk)),
+                       on_open=lambda session: _sweep(job, session))
     ran = 0
     try:
         for stage in list(job.stage_runs.order_by("order")):
@@ -250,11 +275,12 @@ def orchestrate(
             if stage.is_done:
                 continue
             if DiagnosticJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
-                return _cancel(job)
+                return _cancel(job, access)
             if max_stages is not None and ran >= max_stages:
                 return Outcome(Next.MORE)
             if time_limit is not None and time_limit.reached:
-                return _stop(job, JobStatus.FAILED, time_limit.reason(f"before {stage.name} started"))
+                return _stop(job, JobStatus.FAILED, time_limit.reason(f"before {stage.name} started"),
+                             access=access)
             spec = lookup(stage.name)
             stopped = _stop_reason(job)
             if stopped is not None and not (spec is not None and spec.after_stop):
@@ -272,7 +298,8 @@ def orchestrate(
             if claim is Claim.QUARANTINED:
                 log.warning("stage quarantined", extra={"job": str(job.pk), "stage": stage.name})
                 if spec is None or spec.required:
-                    return _stop(job, JobStatus.FAILED, f"{stage.name}: {stage.status_message}")
+                    return _stop(job, JobStatus.FAILED, f"{stage.name}: {stage.status_message}",
+                                 access=access)
                 continue
             ran += 1
             end = _run_claimed(job, stage, spec, owner, access, time_limit)
@@ -286,9 +313,11 @@ def orchestrate(
                 # those that run after a stop: the report.
                 continue
             if end.verdict is Verdict.CANCELLED:
-                return _cancel(job)
+                return _cancel(job, access)
             if end.verdict is Verdict.TIMED_OUT:
-                return _stop(job, JobStatus.FAILED, end.message)
+                return _stop(job, JobStatus.FAILED, end.message, access=access)
+            if end.verdict is Verdict.HELD:
+                return _hold(job, stage, end, access)
             if end.verdict is Verdict.TRANSIENT:
                 countdown = retry_countdown(stage.attempts)
                 # The job keeps the lab while it waits to retry, and the reaper leaves it be.
@@ -296,8 +325,9 @@ def orchestrate(
                 return Outcome(Next.RETRY, countdown=countdown, message=end.message)
             # FAILED, or a transient error on the last attempt (quarantined).
             if spec is None or spec.required:
-                return _stop(job, JobStatus.FAILED, f"{stage.name}: {end.message}")
-        return _finish(job)
+                return _stop(job, JobStatus.FAILED, f"{stage.name}: {end.message}", access=access,
+                             side=end.fault.get("side") if end.fault else None)
+        return _finish(job, access)
     finally:
         access.close()
 
@@ -322,12 +352,16 @@ def _run_claimed(
         job=job, stage=stage, owner=owner,
         max_attempts=settings.DIAG_MAX_STAGE_ATTEMPTS, access=access,
     )
+    ctx.carry_log(stage.log)
     log.info("stage started", extra=log_extra)
     ctx.log(f"attempt {stage.attempts} of {settings.DIAG_MAX_STAGE_ATTEMPTS} by {owner}")
     wall_start = time.monotonic()
     result: dict[str, Any] = {}
     verdict = Verdict.SUCCEEDED
     message = ""
+    fault: Fault | None = None
+    failure: BaseException | None = None
+    stop_side = ""
     timed_out = threading.Event()
     watchdog = _watchdog(time_limit, ctx.cancel_event, timed_out)
     with Heartbeat(stage_id=stage.pk, job_id=str(job.pk), owner=owner, cancel=ctx.cancel_event) as beat:
@@ -335,10 +369,12 @@ def _run_claimed(
             result = spec.run(ctx)
         except StopJob as stop:
             verdict, message, result = Verdict.STOP_JOB, stop.reason, stop.result
+            stop_side = stop.side
         except StageCancelled as exc:
             verdict, message = Verdict.CANCELLED, str(exc)
         except Exception as exc:
             fault = classify(exc)
+            failure = exc
             message = f"{fault.kind}: {fault.reason}" if fault.kind != "error" else fault.reason
             verdict = Verdict.TRANSIENT if fault.transient else Verdict.FAILED
             ctx.attach("error", traceback.format_exc())
@@ -360,7 +396,7 @@ def _run_claimed(
         verdict = Verdict.FAILED  # a stage raising StageCancelled on its own is a bug
 
     if verdict is Verdict.STOP_JOB:
-        result = {**result, STOPPED_JOB: message}
+        result = {**result, STOPPED_JOB: message, STOP_SIDE: stop_side}
     if verdict in (Verdict.SUCCEEDED, Verdict.STOP_JOB):
         if not through_outage(lambda: _complete(ctx, result, lab_seconds, message), "stage completion"):
             return StageEnd(Verdict.LEASE_LOST, f"lease of {stage.name} was taken over")
@@ -369,6 +405,22 @@ def _run_claimed(
 
     through_outage(lambda: StageRun.objects.filter(pk=stage.pk, lease_owner=owner).update(
         log=ctx.log_text, lab_seconds=lab_seconds), "stage log")
+    last = stage.attempts >= settings.DIAG_MAX_STAGE_ATTEMPTS
+    if fault is not None and failure is not None and fault.holds_the_day and (
+            verdict is Verdict.FAILED or last):
+        # The lab's fault, not the configuration's: the stage waits, pending, for staff to
+        # re-run the day; the job is held (orchestrate) rather than failed.
+        details = lab_fault_details(failure, fault, stage.name)
+        held = f"held: {details['summary']}"
+        through_outage(lambda: StageRun.objects.filter(pk=stage.pk, lease_owner=owner).update(
+            status=StageStatus.PENDING, status_message=held, last_error=message, lease_owner="",
+            lease_expires_at=None), "stage hold")
+        log.error("stage stopped by a lab fault; the job is held", extra={**log_extra, "error": message})
+        return StageEnd(Verdict.HELD, message, fault=details)
+    if fault is not None:
+        side = fault.side
+    else:
+        side = None
     if verdict is Verdict.CANCELLED:
         through_outage(lambda: leases.end_stage(stage.pk, owner=owner, status=StageStatus.CANCELLED,
                                                 message="cancelled while running"), "stage end")
@@ -388,11 +440,11 @@ def _run_claimed(
         through_outage(lambda: leases.end_stage(stage.pk, owner=owner, status=StageStatus.QUARANTINED,
                                                 message=quarantine, error=message), "stage end")
         log.error("stage quarantined", extra={**log_extra, "error": message})
-        return StageEnd(Verdict.FAILED, quarantine)
+        return StageEnd(Verdict.FAILED, quarantine, fault={"side": side} if side else None)
     through_outage(lambda: leases.end_stage(
         stage.pk, owner=owner, status=StageStatus.FAILED, message=message, error=message), "stage end")
     log.error("stage failed", extra={**log_extra, "error": message})
-    return StageEnd(Verdict.FAILED, message)
+    return StageEnd(Verdict.FAILED, message, fault={"side": side} if side else None)
 
 
 def _watchdog(
@@ -457,16 +509,17 @@ def _cancel_requested(job: DiagnosticJob) -> bool:
     return DiagnosticJob.objects.filter(pk=job.pk, cancel_requested=True).exists()
 
 
-def _cancel(job: DiagnosticJob) -> Outcome:
+def _cancel(job: DiagnosticJob, access: LabAccess | None = None) -> Outcome:
     """End a job whose cancel was requested, unless a stage still runs under a live lease
     elsewhere (its heartbeat will stop it and that worker ends the job)."""
     now = timezone.now()
     if job.stage_runs.filter(status=StageStatus.RUNNING, lease_expires_at__gte=now).exists():
         return Outcome(Next.ELSEWHERE, message="cancel requested; waiting for the running stage to stop")
-    return _stop(job, JobStatus.CANCELLED, "cancelled on request")
+    return _stop(job, JobStatus.CANCELLED, "cancelled on request", access=access)
 
 
-def _stop(job: DiagnosticJob, status: str, reason: str) -> Outcome:
+def _stop(job: DiagnosticJob, status: str, reason: str, *, access: LabAccess | None = None,
+          side: str | None = None) -> Outcome:
     """End the job early: stages not run are cancelled, saying why."""
     job.stage_runs.filter(status__in=[StageStatus.PENDING, StageStatus.RUNNING]).update(
         status=StageStatus.CANCELLED,
@@ -474,15 +527,21 @@ def _stop(job: DiagnosticJob, status: str, reason: str) -> Outcome:
         lease_owner="",
         lease_expires_at=None,
     )
-    return _end_job(job, status, reason)
+    return _end_job(job, status, reason, access=access, side=side)
+
+
+def _stop_result(job: DiagnosticJob) -> dict[str, Any] | None:
+    """The result of the stage that stopped the job, when one did."""
+    for result in job.stage_runs.filter(status=StageStatus.SUCCEEDED).values_list("result", flat=True):
+        if isinstance(result, dict) and result.get(STOPPED_JOB):
+            return result
+    return None
 
 
 def _stop_reason(job: DiagnosticJob) -> str | None:
     """Why a stage stopped the job, when one did: its result records the reason."""
-    for result in job.stage_runs.filter(status=StageStatus.SUCCEEDED).values_list("result", flat=True):
-        if isinstance(result, dict) and result.get(STOPPED_JOB):
-            return str(result[STOPPED_JOB])
-    return None
+    result = _stop_result(job)
+    return None if result is None else str(result[STOPPED_JOB])
 
 
 def _skip(stage: StageRun, reason: str) -> None:
@@ -494,28 +553,32 @@ def _skip(stage: StageRun, reason: str) -> None:
     )
 
 
-def _finish(job: DiagnosticJob) -> Outcome:
-    stopped = _stop_reason(job)
+def _finish(job: DiagnosticJob, access: LabAccess | None = None) -> Outcome:
+    stopped = _stop_result(job)
     if stopped is not None:
-        return _end_job(job, JobStatus.FAILED, stopped)
+        return _end_job(job, JobStatus.FAILED, str(stopped[STOPPED_JOB]), access=access,
+                        side=str(stopped.get(STOP_SIDE) or DiagnosticJob.Side.CUSTOMER))
     statuses = set(job.stage_runs.values_list("status", flat=True))
     if statuses <= {StageStatus.SUCCEEDED}:
-        return _end_job(job, JobStatus.SUCCEEDED, "")
+        return _end_job(job, JobStatus.SUCCEEDED, "", access=access)
     troubled = list(
         job.stage_runs.exclude(status=StageStatus.SUCCEEDED).values_list("name", "status")
     )
     summary = ", ".join(f"{name} {status}" for name, status in troubled)
-    return _end_job(job, JobStatus.PARTIAL, f"finished without: {summary}")
+    return _end_job(job, JobStatus.PARTIAL, f"finished without: {summary}", access=access)
 
 
-def _end_job(job: DiagnosticJob, status: str, message: str) -> Outcome:
+def _end_job(job: DiagnosticJob, status: str, message: str, *, access: LabAccess | None = None,
+             side: str | None = None) -> Outcome:
+    # Whatever the end, the lab is left as it was found: this job's engines stopped.
+    _shut_down(job, access, why=f"the job ended {status}")
     now = timezone.now()
     # The final status and the findings document that reports it appear together.
     with transaction.atomic():
         changed = (
             DiagnosticJob.objects.filter(pk=job.pk)
             .exclude(status__in=DiagnosticJob.TERMINAL)
-            .update(status=status, status_message=message, finished_at=now)
+            .update(status=status, status_message=message, finished_at=now, stop_side=side or "")
         )
         job.refresh_from_db()
         if changed:
@@ -525,6 +588,139 @@ def _end_job(job: DiagnosticJob, status: str, message: str) -> Outcome:
     if changed:
         log.info("job ended", extra={"job": str(job.pk), "status": status, "reason": message})
     return Outcome(Next.FINISHED, message=message)
+
+
+# -- the lab as found, and lab faults ------------------------------------------------------
+
+
+def _sweep(job: DiagnosticJob, session: LabSession) -> None:
+    """The job's first act on the lab in each pass: stop what an earlier job of this
+    platform left running (in the staff's log, never in this customer's findings); an
+    engine nobody here started is a lab fault for staff."""
+    DiagnosticJob.objects.filter(pk=job.pk, lab_used=False).update(lab_used=True)
+    found = sweep(session, str(job.pk))
+    if found.stopped:
+        earlier = sorted(set(found.stopped.values()))
+        JobEvent.objects.create(
+            job=job, kind=JobEvent.Kind.LAB_CLEANED,
+            message=(f"Stopped the engine an earlier job left running on {len(found.stopped)} node(s) "
+                     f"({', '.join(sorted(found.stopped))}); earlier job(s): {', '.join(earlier)}"),
+            data=found.as_dict(),
+        )
+        log.warning("stopped engines an earlier job left", extra={"job": str(job.pk), **found.as_dict()})
+    if found.foreign or found.stop_failed:
+        nodes = sorted(set(found.foreign) | set(found.stop_failed))
+        what = ("an engine this platform did not start runs" if found.foreign
+                else "an earlier job's engine could not be stopped")
+        raise LabFault("node_busy", f"{what} on {len(nodes)} node(s): {', '.join(nodes)}",
+                       nodes=nodes, evidence=found.as_dict())
+
+
+def _shut_down(job: DiagnosticJob, access: LabAccess | None, *, why: str) -> None:
+    """Stop this job's engines on every node, and say so in the staff's log. A job that
+    never used the lab has nothing to stop; a lab that cannot be reached is recorded (the
+    next job's sweep stops what was left)."""
+    if access is None or not DiagnosticJob.objects.filter(pk=job.pk, lab_used=True).exists():
+        return
+    try:
+        done = shut_down(access.session(check=False), str(job.pk))
+    except Exception as exc:  # the job's end must not wait on a lab that is away
+        JobEvent.objects.create(
+            job=job, kind=JobEvent.Kind.ENGINES_STOPPED,
+            message=f"Could not reach the lab to stop the engines ({why}): {classify(exc).reason}; "
+                    "the next job's sweep stops what was left",
+            data={"error": classify(exc).reason})
+        log.warning("could not stop the engines at the job's end",
+                    extra={"job": str(job.pk), "error": f"{type(exc).__name__}: {exc}"})
+        return
+    JobEvent.objects.create(job=job, kind=JobEvent.Kind.ENGINES_STOPPED,
+                            message=f"{why[0].upper()}{why[1:]}: {done.sentence()}", data=done.as_dict())
+    log.info("engines stopped at the job's end", extra={"job": str(job.pk), **done.as_dict()})
+
+
+def _cause_chain(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not c for c in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def lab_fault_details(exc: BaseException, fault: Fault, stage: str) -> dict[str, Any]:
+    """A lab fault as the job records it: what it was (a short code), the nodes it concerns,
+    the evidence, and one sentence for staff. The customer sees none of it."""
+    what, nodes = "lab", []
+    evidence: dict[str, Any] = {"error": fault.reason}
+    for cause in _cause_chain(exc):
+        if isinstance(cause, LabFault):
+            what, nodes, evidence = cause.what, cause.nodes, {**cause.evidence, "error": fault.reason}
+            break
+        if isinstance(cause, NodeUnreachable):
+            what, nodes = "node_unreachable", sorted(cause.nodes)
+            evidence = {"error": fault.reason,
+                        "nodes": {name: str(err) for name, err in sorted(cause.nodes.items())}}
+            break
+        if isinstance(cause, AgentError):
+            what, nodes = "agent_failed", [cause.node]
+            evidence = {"error": fault.reason, "verb": cause.verb, "code": cause.code}
+            break
+    else:
+        what = {"ssh": "ssh", "endpoint": "endpoint"}.get(fault.kind, "lab")
+    words = {
+        "node_unreachable": "did not answer",
+        "agent_failed": "node agent failed",
+        "node_busy": "was busy with something this platform did not start",
+        "ssh": "SSH failed",
+        "endpoint": "the engine's endpoint stopped answering",
+    }.get(what, "lab fault")
+    where = f"{len(nodes)} node(s): {', '.join(nodes)}" if nodes else "the lab"
+    summary = f"{where} {words}" if nodes else f"{words} on the lab"
+    return {"side": DiagnosticJob.Side.LAB.value, "what": what, "stage": stage, "nodes": nodes,
+            "evidence": evidence, "summary": f"{summary} during {stage}", "message": fault.reason}
+
+
+def _hold(job: DiagnosticJob, stage: StageRun, end: StageEnd, access: LabAccess) -> Outcome:
+    """Stop the day for a lab fault: the job waits, held, for staff to re-run it (same day
+    or another); nothing of it reaches the customer but a plain message."""
+    details = dict(end.fault or {})
+    _shut_down(job, access, why="held for a lab fault")
+    now = timezone.now()
+    details["at"] = now.isoformat()
+    summary = str(details.get("summary") or end.message)
+    with transaction.atomic():
+        changed = DiagnosticJob.objects.filter(pk=job.pk).exclude(
+            status__in=DiagnosticJob.TERMINAL).update(
+            status=JobStatus.HELD, status_message=f"held for a lab fault: {summary}",
+            stop_side=DiagnosticJob.Side.LAB, fault=details)
+        DiagnosticJob.objects.filter(pk=job.pk, first_fault_at__isnull=True).update(first_fault_at=now)
+        if changed:
+            JobEvent.objects.create(job=job, kind=JobEvent.Kind.LAB_FAULT,
+                                    message=f"Held for a lab fault: {summary}. {end.message}", data=details)
+        job.refresh_from_db()
+        if changed:
+            job.findings = build_findings(job)
+            job.save(update_fields=["findings"])
+            job_id = str(job.pk)
+            transaction.on_commit(lambda: _tell_the_lab_contact(job_id))
+    leases.release_lab(job)
+    log.error("job held for a lab fault", extra={"job": str(job.pk), "stage": stage.name, "fault": summary})
+    return Outcome(Next.HELD, message=job.status_message)
+
+
+def end_held(job: DiagnosticJob, reason: str) -> Outcome:
+    """End a held job without a re-run (staff cancelled it); its engines were stopped when
+    it was held."""
+    return _stop(job, JobStatus.CANCELLED, reason)
+
+
+def _tell_the_lab_contact(job_id: str) -> None:
+    from diagnostic.jobs.notify import lab_fault_email
+
+    try:
+        lab_fault_email(job_id)
+    except Exception:  # the hold stands whether or not the mail went out
+        log.exception("could not email the lab contact about a held job", extra={"job": job_id})
 
 
 def run_until_done(
@@ -563,7 +759,7 @@ def run_until_done(
         outage_since = None
         if on_step is not None:
             on_step(outcome)
-        if outcome.next is Next.FINISHED:
+        if outcome.next in (Next.FINISHED, Next.HELD):
             return DiagnosticJob.objects.get(pk=job_id)
         if outcome.next is Next.MORE:
             continue

@@ -1,10 +1,12 @@
 """Preflight: can this lab run this configuration faithfully? Checked from node facts
-before anything is launched.
+before anything is launched (and after the job's sweep stopped what earlier jobs left).
 
-Problems become findings. A blocking one (a node the configuration needs is
-unreachable, too few nodes, no GPU, no model directory) stops the job, because nothing
-measured after it would mean anything; the others (a slow link, a skewed clock, memory
-in use, another engine version) are recorded and the job goes on.
+A configuration that needs more nodes than the lab has is the customer's: a finding, and
+the job stops. Everything else is the lab's own condition, for staff, never the customer's
+finding: each told once with the nodes it holds on. A blocking one (a node the
+configuration needs does not answer, no GPU, no model directory) is a lab fault that
+holds the day (orchestration); the others (a slow link, a skewed clock, memory in use,
+another engine version) are kept in the result for the staff's job page.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from typing import Any
 
 from diagnostic.jobs.context import StageContext, StopJob
+from diagnostic.jobs.faults import LabFault
 from lab.inventory import Node
 from lab.session import NodeUnreachable
 
@@ -31,7 +34,6 @@ def run(ctx: StageContext) -> dict[str, Any]:
     parallel = config["parallel"]
     needed = int(parallel["tp"]) * int(parallel["pp"])
     nodes = list(session.nodes)
-    checks: list[dict[str, Any]] = []
 
     if len(nodes) < needed:
         ctx.add_finding(
@@ -58,26 +60,25 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     reachable = {name: f for name, f in facts.items() if isinstance(f, dict)}
     failed = {name: f for name, f in facts.items() if not isinstance(f, dict)}
-    blocking: list[str] = []
+    conditions = Conditions()
 
+    needed_down = sorted(n for n in failed if n in used_names)
+    if needed_down:
+        # A lab fault, never the customer's: retried after a pause (a node rebooting answers
+        # again), and once the attempts are spent the day is held for staff.
+        unreachable = {n: failed[n] for n in needed_down}
+        causes: dict[str, BaseException] = {}
+        for name, error in unreachable.items():
+            causes.update(error.nodes if isinstance(error, NodeUnreachable) else {name: error})
+        if all(isinstance(e, NodeUnreachable) for e in unreachable.values()):
+            raise NodeUnreachable(causes)
+        raise LabFault("agent_failed", f"the node agent failed on {', '.join(needed_down)}",
+                       nodes=needed_down, evidence={n: str(e) for n, e in unreachable.items()})
+    checks: list[dict[str, Any]] = []
     if failed:
-        needed_down = sorted(n for n in failed if n in used_names)
-        transient = all(isinstance(failed[n], NodeUnreachable) for n in needed_down)
-        if needed_down and transient and not ctx.last_attempt:
-            # Worth another look after a pause: a node rebooting answers again.
-            raise NodeUnreachable({n: failed[n] for n in needed_down})
         for name, error in sorted(failed.items()):
-            is_needed = name in used_names
-            ctx.add_finding(
-                "lab.node_unreachable",
-                f"Node {name} did not answer" + (" and the configuration needs it" if is_needed else ""),
-                evidence={"node": name, "error": str(error), "attempts": ctx.attempt,
-                          "needed_by_configuration": is_needed},
-                change={"lab": f"bring {name} back (power, network, sshd) before the lab day"},
-                blocking=is_needed,
-            )
-            if is_needed:
-                blocking.append("lab.node_unreachable")
+            conditions.add("lab.node_unreachable", name,
+                           "did not answer (the configuration does not need it)", {"error": str(error)})
         checks.append({"check": "reachable", "ok": False, "unreachable": sorted(failed)})
     else:
         checks.append({"check": "reachable", "ok": True, "nodes": len(reachable)})
@@ -86,9 +87,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         node_facts = reachable.get(node.name)
         if node_facts is None:
             continue
-        checks.extend(_check_node(ctx, node, node_facts, config, blocking))
+        checks.extend(_check_node(conditions, node, node_facts, config))
 
-    checks.append(_check_clocks(ctx, reachable, collect_lab_s))
+    checks.append(_check_clocks(conditions, reachable, collect_lab_s))
 
     summary = {
         name: {
@@ -104,6 +105,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
         }
         for name, f in reachable.items()
     }
+    grouped = conditions.grouped()
+    for condition in grouped:
+        ctx.log(f"lab condition ({'blocking' if condition['blocking'] else 'noted'}): {condition['summary']}")
+    blocking = [c for c in grouped if c["blocking"]]
     result = {
         # Reports on a simulated lab say so on their cover, with its time dilation.
         "lab_dilation": session.inventory.time_dilation,
@@ -111,19 +116,49 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "used_nodes": [n.name for n in used],
         "nodes": summary,
         "checks": checks,
-        "blocking": sorted(set(blocking)),
+        # The lab's own conditions, each once with the nodes it concerns: for staff, never
+        # the customer's findings.
+        "lab_conditions": grouped,
+        "blocking": sorted({str(c["code"]) for c in blocking}),
     }
-    ctx.progress(100, f"preflight done; blocking: {', '.join(sorted(set(blocking))) or 'none'}")
+    codes = sorted({str(c["code"]) for c in blocking})
+    ctx.progress(100, f"preflight done; blocking: {', '.join(codes) or 'none'}")
     if blocking:
-        raise StopJob(
-            f"preflight: the lab cannot run this configuration ({', '.join(sorted(set(blocking)))})",
-            result,
+        first = blocking[0]
+        raise LabFault(
+            str(first["code"]).removeprefix("lab."),
+            "; ".join(c["summary"] for c in blocking),
+            nodes=sorted({n for c in blocking for n in c["nodes"]}),
+            evidence={"conditions": blocking},
         )
     return result
 
 
+class Conditions:
+    """The lab's conditions found node by node, told once each with the nodes it holds on
+    ("8 nodes: spark-01, ...: vllm not installed") rather than once per node."""
+
+    def __init__(self) -> None:
+        self._found: dict[tuple[str, str, bool], dict[str, Any]] = {}
+
+    def add(self, code: str, node: str, words: str, evidence: dict[str, Any], *,
+            blocking: bool = False) -> None:
+        entry = self._found.setdefault((code, words, blocking), {"nodes": [], "evidence": {}})
+        entry["nodes"].append(node)
+        entry["evidence"][node] = evidence
+
+    def grouped(self) -> list[dict[str, Any]]:
+        out = []
+        for (code, words, blocking), entry in self._found.items():
+            nodes = sorted(entry["nodes"])
+            where = f"node {nodes[0]}" if len(nodes) == 1 else f"{len(nodes)} nodes: {', '.join(nodes)}"
+            out.append({"code": code, "summary": f"{where}: {words}", "nodes": nodes,
+                        "blocking": blocking, "evidence": entry["evidence"]})
+        return sorted(out, key=lambda c: (not c["blocking"], c["code"], c["nodes"]))
+
+
 def _check_node(
-    ctx: StageContext, node: Node, facts: dict[str, Any], config: dict[str, Any], blocking: list[str]
+    conditions: Conditions, node: Node, facts: dict[str, Any], config: dict[str, Any]
 ) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
     name = node.name
@@ -131,14 +166,8 @@ def _check_node(
     gpus = facts.get("gpus") or []
     expected_cc = COMPUTE_CAPABILITY.get(str(config["cluster"]["node_type"]))
     if not gpus:
-        ctx.add_finding(
-            "lab.gpu_missing",
-            f"Node {name} reports no GPU",
-            evidence={"node": name, "gpus": gpus},
-            change={"lab": f"check the driver on {name} (nvidia-smi)"},
-            blocking=True,
-        )
-        blocking.append("lab.gpu_missing")
+        conditions.add("lab.gpu_missing", name, "reports no GPU (check the driver: nvidia-smi)",
+                       {"gpus": gpus}, blocking=True)
         checks.append({"check": "gpu", "node": name, "ok": False})
     else:
         capabilities = sorted({str(g.get("compute_capability")) for g in gpus})
@@ -146,13 +175,11 @@ def _check_node(
         checks.append({"check": "compute_capability", "node": name, "ok": ok,
                        "found": capabilities, "expected": expected_cc})
         if not ok:
-            ctx.add_finding(
-                "lab.compute_capability",
-                f"Node {name} has compute capability {', '.join(capabilities)}, "
-                f"the customer's {config['cluster']['node_type']} has {expected_cc}",
-                evidence={"node": name, "found": capabilities, "expected": expected_cc,
-                          "gpus": [g.get("name") for g in gpus]},
-                change={"lab": "run on nodes of the customer's type; kernels dispatch by architecture"},
+            conditions.add(
+                "lab.compute_capability", name,
+                f"compute capability {', '.join(capabilities)}, the customer's "
+                f"{config['cluster']['node_type']} has {expected_cc}",
+                {"found": capabilities, "expected": expected_cc, "gpus": [g.get("name") for g in gpus]},
             )
 
     total = int(facts.get("mem_total_kib") or 0)
@@ -165,13 +192,13 @@ def _check_node(
     checks.append({"check": "memory", "node": name, "ok": mem_ok, "mem_total_kib": total,
                    "mem_available_kib": available, "wanted_kib": round(wanted)})
     if not mem_ok:
-        ctx.add_finding(
-            "lab.memory_unavailable",
-            f"Node {name} has {available / 2**20:.1f} GiB available; the engine will ask for "
-            f"{wanted / 2**20:.1f} GiB (gpu_memory_utilization {utilization})",
-            evidence={"node": name, "mem_total_kib": total, "mem_available_kib": available,
-                      "gpu_memory_utilization": utilization},
-            change={"lab": f"stop what holds memory on {name} (a leftover engine?) before launching"},
+        # Engines of this platform were stopped before the facts were read (the job's
+        # sweep): what holds the memory is something else on the node.
+        conditions.add(
+            "lab.memory_unavailable", name,
+            f"less memory available than the engine will ask for (gpu_memory_utilization {utilization})",
+            {"mem_total_kib": total, "mem_available_kib": available, "wanted_kib": round(wanted),
+             "gpu_memory_utilization": utilization},
         )
 
     link_mbps = float(config["cluster"]["link_gbps"]) * 1000
@@ -186,34 +213,22 @@ def _check_node(
         if ok:
             continue
         if found is None:
-            title = f"Node {name} has no interface {nic}"
+            words = f"has no data interface {nic}"
         elif state != "up" or speed is None:
-            title = f"Data interface {nic} on {name} is {state}"
+            words = f"data interface {nic} is {state}"
         else:
-            title = (
-                f"Data interface {nic} on {name} runs at {speed / 1000:g} Gbps, "
-                f"below the customer's {link_mbps / 1000:g}"
-            )
-        ctx.add_finding(
-            "lab.link_speed",
-            title,
-            evidence={"node": name, "nic": nic, "speed_mbps": speed, "operstate": state,
-                      "config_link_gbps": link_mbps / 1000},
-            change={"lab": f"check the cable and switch port of {name} {nic}"},
-        )
+            words = (f"data interface {nic} runs at {speed / 1000:g} Gbps, "
+                     f"below the customer's {link_mbps / 1000:g}")
+        conditions.add("lab.link_speed", name, words, {"nic": nic, "speed_mbps": speed, "operstate": state,
+                                                      "config_link_gbps": link_mbps / 1000})
 
     model_dir = facts.get("model_dir") or {}
     present = bool(model_dir.get("exists"))
     checks.append({"check": "model_dir", "node": name, "ok": present, "path": model_dir.get("path")})
     if not present:
-        ctx.add_finding(
-            "lab.model_missing",
-            f"Node {name} has no model directory {model_dir.get('path') or node.model_dir}",
-            evidence={"node": name, "model_dir": model_dir},
-            change={"lab": f"copy the checkpoint to {node.model_dir} on {name}"},
-            blocking=True,
-        )
-        blocking.append("lab.model_missing")
+        conditions.add("lab.model_missing", name,
+                       f"has no model directory {model_dir.get('path') or node.model_dir}",
+                       {"model_dir": model_dir}, blocking=True)
 
     engine = config["engine"]
     installed = (facts.get("engines") or {}).get(engine["name"])
@@ -223,19 +238,17 @@ def _check_node(
     if not engine_ok:
         # Not blocking: an engine in a container or another virtualenv is invisible to the
         # agent's interpreter; reproduce shows whether it starts.
-        ctx.add_finding(
-            "lab.engine_version",
-            f"Node {name} shows {engine['name']} {installed or 'not installed'} to the agent; "
+        conditions.add(
+            "lab.engine_version", name,
+            f"shows {engine['name']} {installed or 'not installed'} to the agent; "
             f"the customer runs {engine['version']}",
-            evidence={"node": name, "engine": engine["name"], "installed": installed,
-                      "wanted": engine["version"]},
-            change={"lab": f"install {engine['name']}=={engine['version']} where the agent's python sees it"},
+            {"engine": engine["name"], "installed": installed, "wanted": engine["version"]},
         )
     return checks
 
 
 def _check_clocks(
-    ctx: StageContext, facts: dict[str, dict[str, Any]], collect_lab_s: float
+    conditions: Conditions, facts: dict[str, dict[str, Any]], collect_lab_s: float
 ) -> dict[str, Any]:
     """Node clocks against each other. Facts are read from all nodes at once, so honest
     clocks differ by at most the time the collection took; beyond that plus the limit,
@@ -248,12 +261,10 @@ def _check_clocks(
     offsets = {name: round(t - reference, 3) for name, t in times.items()}
     skewed = {name: off for name, off in offsets.items() if abs(off) > allowed}
     for name, offset in sorted(skewed.items()):
-        ctx.add_finding(
-            "lab.clock_skew",
-            f"Node {name}'s clock is {abs(offset):.1f} s "
-            f"{'ahead of' if offset > 0 else 'behind'} the other nodes",
-            evidence={"node": name, "offset_s": offset, "allowed_s": round(allowed, 3),
-                      "offsets_s": offsets},
-            change={"lab": f"enable time synchronisation (chrony/NTP) on {name}"},
+        conditions.add(
+            "lab.clock_skew", name,
+            f"clock {abs(offset):.1f} s {'ahead of' if offset > 0 else 'behind'} the other nodes "
+            "(enable chrony/NTP)",
+            {"offset_s": offset, "allowed_s": round(allowed, 3), "offsets_s": offsets},
         )
     return {"check": "clock_skew", "ok": not skewed, "offsets_s": offsets, "allowed_s": round(allowed, 3)}

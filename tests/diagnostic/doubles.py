@@ -55,14 +55,39 @@ def healthy_facts(name: str, *, time: float = 1_700_000_000.0) -> dict[str, Any]
 
 
 class FactsSession:
-    """Answers `facts` from a table (an Exception entry is an unreachable node); every
-    other lab call is a test error."""
+    """Answers `facts` from a table (an Exception entry is an unreachable node), and
+    `status` / `stop` from `engines` (node -> the status of the engine it runs; none by
+    default); every other lab call is a test error."""
 
-    def __init__(self, facts: dict[str, Any], nodes: int = 8) -> None:
+    def __init__(self, facts: dict[str, Any], nodes: int = 8,
+                 engines: dict[str, dict[str, Any]] | None = None) -> None:
         self.inventory = inventory(nodes)
         self.clock = LabClock(1.0, 0.0)
         self._facts = facts
         self.facts_calls = 0
+        self.engines = dict(engines or {})
+        self.stop_calls: list[list[str]] = []
+        self.owner: dict[str, str] | None = None
+
+    def _names(self, nodes: Any) -> list[str]:
+        return [n if isinstance(n, str) else n.name for n in (nodes or self.inventory.nodes)]
+
+    def status(self, nodes: Any = None) -> dict[str, Any]:
+        idle = {"running": False, "pid": None, "exit_code": None, "spec_sha256": None, "owner": None}
+        return {name: self._facts[name] if isinstance(self._facts.get(name), Exception)
+                else copy.deepcopy(self.engines.get(name, idle)) for name in self._names(nodes)}
+
+    def stop(self, nodes: Any = None) -> dict[str, Any]:
+        names = self._names(nodes)
+        self.stop_calls.append(names)
+        out: dict[str, Any] = {}
+        for name in names:
+            if isinstance(self._facts.get(name), Exception):
+                out[name] = self._facts[name]
+                continue
+            engine = self.engines.pop(name, None)
+            out[name] = {"stopped": [engine["pid"]] if engine and engine.get("running") else []}
+        return out
 
     @property
     def nodes(self) -> tuple[Any, ...]:

@@ -7,6 +7,7 @@ open one.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from diagnostic.jobs import registry
 from diagnostic.jobs.context import StageContext, StopJob
 from diagnostic.jobs.findings import validate_findings
-from diagnostic.jobs.models import DiagnosticJob, Finding, Measurement, StageRun
+from diagnostic.jobs.models import DiagnosticJob, Finding, JobEvent, Measurement, StageRun
 from diagnostic.jobs.orchestration import Next, orchestrate, retry_countdown, run_until_done
 from diagnostic.jobs.registry import StageFn, StageRegistry, UnknownStage, select_stages
 from lab.session import LabError, NodeUnreachable
@@ -133,10 +134,14 @@ def test_backoff_doubles_and_is_capped(settings: Any) -> None:
     assert [retry_countdown(a) for a in (1, 2, 3, 4)] == [10, 20, 35, 35]
 
 
+def disk_full() -> OSError:
+    return OSError(errno.ENOSPC, "No space left on device", "/srv/out/jobs/x/report.pdf")
+
+
 def test_a_stage_failing_transiently_on_every_attempt_is_quarantined(
     make_job: MakeJob, probe: Callable[..., Probe], fast_retries: Any
 ) -> None:
-    probe(unreachable(), unreachable(), unreachable())
+    probe(disk_full(), disk_full(), disk_full())
     job = make_job(["probe", "report"])
     done = run_until_done(str(job.pk), no_lab, sleep=lambda s: None)
     probe_run = stage(job, "probe")
@@ -149,18 +154,54 @@ def test_a_stage_failing_transiently_on_every_attempt_is_quarantined(
     assert stage(job, "report").status == "succeeded"
 
 
+def test_a_lab_fault_on_every_attempt_holds_the_day_instead_of_failing_it(
+    make_job: MakeJob, probe: Callable[..., Probe], fast_retries: Any
+) -> None:
+    probe(unreachable(), unreachable(), unreachable())
+    job = make_job(["probe", "report"])
+    done = run_until_done(str(job.pk), no_lab, sleep=lambda s: None)
+    assert done.status == "held"
+    assert done.stop_side == "lab"
+    assert (done.fault["what"], done.fault["nodes"], done.fault["stage"]) == (
+        "node_unreachable", ["spark-05"], "probe")
+    probe_run = stage(job, "probe")
+    # Waiting for staff to re-run it, with every attempt in its log; the report waits too.
+    assert (probe_run.status, probe_run.attempts) == ("pending", 3)
+    assert probe_run.status_message.startswith("held: 1 node(s): spark-05 did not answer")
+    assert stage(job, "report").status == "pending"
+    assert orchestrate(str(job.pk), no_lab).next is Next.HELD, "a held job is not run on its own"
+    [event] = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.LAB_FAULT)
+    assert event.data["nodes"] == ["spark-05"]
+    assert done.findings["money_back"]["rerun_due"] is True
+    assert done.findings["lab_fault"]["what"] == "node_unreachable"
+
+
 def test_a_required_stage_quarantined_fails_the_job(
     make_job: MakeJob, fast_retries: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(lab: Any) -> Any:
+        raise disk_full()
+
+    job = make_job(["preflight", "report"])
+    done = run_until_done(str(job.pk), full_disk, sleep=lambda s: None)
+    assert done.status == "failed"
+    assert done.stop_side == "platform"
+    assert stage(job, "preflight").status == "quarantined"
+    assert stage(job, "report").status == "cancelled"
+    assert stage(job, "report").status_message.startswith("not run: preflight: quarantined")
+
+
+def test_a_required_stage_that_cannot_reach_the_lab_holds_the_job(
+    make_job: MakeJob, fast_retries: Any
 ) -> None:
     def unreachable_lab(lab: Any) -> Any:
         raise unreachable()
 
     job = make_job(["preflight", "report"])
     done = run_until_done(str(job.pk), unreachable_lab, sleep=lambda s: None)
-    assert done.status == "failed"
-    assert stage(job, "preflight").status == "quarantined"
-    assert stage(job, "report").status == "cancelled"
-    assert stage(job, "report").status_message.startswith("not run: preflight: quarantined")
+    assert done.status == "held"
+    assert stage(job, "preflight").status == "pending"
+    assert stage(job, "report").status == "pending"
 
 
 def test_a_failing_pipeline_stage_is_recorded_and_the_job_goes_on(
@@ -178,12 +219,16 @@ def test_a_failing_pipeline_stage_is_recorded_and_the_job_goes_on(
     assert job.status == "partial"
 
 
-def test_a_non_transient_lab_error_is_not_retried(make_job: MakeJob, probe: Callable[..., Probe]) -> None:
-    once = probe(LabError("spark-02: agent launch failed (invalid_spec)"))
+def test_a_non_transient_lab_error_is_not_retried_and_holds_the_day(
+    make_job: MakeJob, probe: Callable[..., Probe]
+) -> None:
+    once = probe(LabError("spark-02: agent launch failed (launch_failed)"))
     job = make_job(["probe", "report"])
-    assert orchestrate(str(job.pk), no_lab).next is Next.FINISHED
+    assert orchestrate(str(job.pk), no_lab).next is Next.HELD
     assert once.calls == 1
-    assert stage(job, "probe").status == "failed"
+    assert stage(job, "probe").status == "pending"
+    job.refresh_from_db()
+    assert job.status == "held"
 
 
 def test_a_stage_that_stops_the_job_keeps_its_findings_skips_the_rest_and_still_reports(
@@ -202,7 +247,8 @@ def test_a_stage_that_stops_the_job_keeps_its_findings_skips_the_rest_and_still_
     assert job.status_message == "preflight-like stop: spark-05 is down"
     assert stage(job, "probe").status == "succeeded"
     assert stage(job, "probe").result == {
-        "blocking": ["lab.node_unreachable"], "stopped_job": "preflight-like stop: spark-05 is down"}
+        "blocking": ["lab.node_unreachable"], "stopped_job": "preflight-like stop: spark-05 is down",
+        "stop_side": "customer"}
     assert Finding.objects.get(job=job, code="lab.node_unreachable").blocking
     assert later.calls == 0
     assert stage(job, "later").status == "cancelled"

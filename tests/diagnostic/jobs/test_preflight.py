@@ -47,20 +47,33 @@ def test_a_healthy_lab_passes_preflight_without_findings(make_job: MakeJob) -> N
     assert all(check["ok"] for check in result["checks"])
 
 
-def test_an_unreachable_node_is_retried_then_blocks_the_job(make_job: MakeJob, fast_retries: Any) -> None:
+def conditions(job: DiagnosticJob) -> list[dict[str, Any]]:
+    """The lab's conditions preflight kept for staff (its result, not the findings)."""
+    result = StageRun.objects.get(job=job, name="preflight").result or {}
+    return list(result.get("lab_conditions") or [])
+
+
+def test_an_unreachable_node_is_retried_then_holds_the_day_as_a_lab_fault(
+    make_job: MakeJob, fast_retries: Any
+) -> None:
     down = NodeUnreachable({"spark-05": OSError("connection refused")})
     session = FactsSession(lab_facts(spark_05=lambda f: down))
     job = run_preflight(make_job, session)
     assert session.facts_calls == 3
-    assert job.status == "failed"
-    assert "lab.node_unreachable" in job.status_message
-    finding = Finding.objects.get(job=job)
-    assert (finding.code, finding.blocking) == ("lab.node_unreachable", True)
-    assert finding.evidence["node"] == "spark-05"
-    assert finding.evidence["attempts"] == 3
-    # The report still goes out, saying our lab could not run it: the engagement is free.
-    assert StageRun.objects.get(job=job, name="report").status == "succeeded"
-    assert job.findings["money_back"]["eligible"] is True
+    # Held, not failed: the lab's fault is the firm's, and no customer finding says otherwise.
+    assert job.status == "held"
+    assert job.stop_side == "lab"
+    assert codes(job) == []
+    assert job.fault["what"] == "node_unreachable"
+    assert job.fault["nodes"] == ["spark-05"]
+    assert job.fault["stage"] == "preflight"
+    assert "connection refused" in job.fault["evidence"]["nodes"]["spark-05"]
+    # The stage waits to be re-run; the report is not written.
+    assert StageRun.objects.get(job=job, name="preflight").status == "pending"
+    assert StageRun.objects.get(job=job, name="report").status == "pending"
+    assert job.findings["money_back"]["rerun_due"] is True
+    assert job.findings["money_back"]["eligible"] is False
+    assert job.findings["lab_fault"]["nodes"] == ["spark-05"]
 
 
 def test_an_unreachable_node_the_configuration_does_not_need_is_only_recorded(
@@ -73,7 +86,10 @@ def test_an_unreachable_node_the_configuration_does_not_need_is_only_recorded(
     job = run_preflight(make_job, session, config=config)
     assert session.facts_calls == 1
     assert job.status == "succeeded"
-    assert codes(job) == [("lab.node_unreachable", False)]
+    assert codes(job) == []
+    [unreachable] = conditions(job)
+    assert (unreachable["code"], unreachable["nodes"], unreachable["blocking"]) == (
+        "lab.node_unreachable", ["spark-08"], False)
 
 
 def test_a_lab_with_too_few_nodes_blocks_before_asking_for_facts(make_job: MakeJob) -> None:
@@ -81,20 +97,22 @@ def test_a_lab_with_too_few_nodes_blocks_before_asking_for_facts(make_job: MakeJ
     job = run_preflight(make_job, session)
     assert session.facts_calls == 0
     assert job.status == "failed"
+    # A layout bigger than the lab is the customer's configuration, not a lab fault.
+    assert job.stop_side == "customer"
     finding = Finding.objects.get(job=job)
     assert (finding.code, finding.evidence["needed"], finding.evidence["available"]) == (
         "lab.insufficient_nodes", 8, 4)
 
 
-def test_a_node_clock_far_from_the_others_is_reported(make_job: MakeJob) -> None:
+def test_a_node_clock_far_from_the_others_is_kept_for_staff(make_job: MakeJob) -> None:
     def ahead(f: dict[str, Any]) -> None:
         f["time"] += 42.0
 
     job = run_preflight(make_job, FactsSession(lab_facts(spark_03=ahead)))
-    finding = Finding.objects.get(job=job)
-    assert (finding.code, finding.blocking) == ("lab.clock_skew", False)
-    assert finding.evidence["node"] == "spark-03"
-    assert finding.evidence["offset_s"] == 42.0
+    assert codes(job) == []
+    [skew] = conditions(job)
+    assert (skew["code"], skew["nodes"], skew["blocking"]) == ("lab.clock_skew", ["spark-03"], False)
+    assert skew["evidence"]["spark-03"]["offset_s"] == 42.0
     assert job.status == "succeeded"
 
 
@@ -104,45 +122,61 @@ def test_clocks_within_the_limit_are_not_reported(make_job: MakeJob) -> None:
 
     job = run_preflight(make_job, FactsSession(lab_facts(spark_03=slightly_ahead)))
     assert codes(job) == []
+    assert conditions(job) == []
 
 
-def test_a_data_link_slower_than_the_customers_is_reported_with_its_speed(make_job: MakeJob) -> None:
+def test_a_data_link_slower_than_the_customers_is_kept_with_its_speed(make_job: MakeJob) -> None:
     def degraded(f: dict[str, Any]) -> None:
         f["nics"][2]["speed_mbps"] = 25000
 
     job = run_preflight(make_job, FactsSession(lab_facts(spark_06=degraded)))
-    finding = Finding.objects.get(job=job)
-    assert finding.code == "lab.link_speed"
-    assert finding.evidence == {"node": "spark-06", "nic": "enP2p1s0f0np0", "speed_mbps": 25000,
-                                "operstate": "up", "config_link_gbps": 100.0}
-    assert "25 Gbps" in finding.title
+    [link] = conditions(job)
+    assert link["code"] == "lab.link_speed"
+    assert link["evidence"] == {"spark-06": {"nic": "enP2p1s0f0np0", "speed_mbps": 25000,
+                                             "operstate": "up", "config_link_gbps": 100.0}}
+    assert "25 Gbps" in link["summary"]
 
 
-def test_a_missing_model_directory_blocks_the_job(make_job: MakeJob) -> None:
+def test_identical_conditions_on_many_nodes_are_one_entry_naming_them(make_job: MakeJob) -> None:
+    def old_engine(f: dict[str, Any]) -> None:
+        f["engines"]["vllm"] = "0.11.0"
+
+    every_node = {f"spark_{i:02d}": old_engine for i in range(1, 9)}
+    job = run_preflight(make_job, FactsSession(lab_facts(**every_node)))
+    [engine] = conditions(job)
+    assert engine["nodes"] == [f"spark-{i:02d}" for i in range(1, 9)]
+    assert engine["summary"].startswith("8 nodes: spark-01, spark-02")
+    assert codes(job) == []
+
+
+def test_a_missing_model_directory_holds_the_day(make_job: MakeJob) -> None:
     def no_model(f: dict[str, Any]) -> None:
         f["model_dir"] = {"path": "/models/kimi-k2", "exists": False, "free_bytes": None}
 
     job = run_preflight(make_job, FactsSession(lab_facts(spark_02=no_model)))
-    assert codes(job) == [("lab.model_missing", True)]
-    assert job.status == "failed"
+    assert codes(job) == []
+    assert job.status == "held"
+    assert (job.fault["what"], job.fault["nodes"]) == ("model_missing", ["spark-02"])
 
 
-def test_a_node_without_gpu_blocks_the_job(make_job: MakeJob) -> None:
+def test_a_node_without_gpu_holds_the_day(make_job: MakeJob) -> None:
     def no_gpu(f: dict[str, Any]) -> None:
         f["gpus"] = []
 
     job = run_preflight(make_job, FactsSession(lab_facts(spark_07=no_gpu)))
-    assert codes(job) == [("lab.gpu_missing", True)]
+    assert job.status == "held"
+    assert (job.fault["what"], job.fault["nodes"]) == ("gpu_missing", ["spark-07"])
 
 
-def test_memory_held_by_something_else_is_reported_from_meminfo(make_job: MakeJob) -> None:
+def test_memory_held_by_something_else_is_kept_from_meminfo(make_job: MakeJob) -> None:
     def busy(f: dict[str, Any]) -> None:
         f["mem_available_kib"] = 40_000_000
 
     job = run_preflight(make_job, FactsSession(lab_facts(spark_04=busy)))
-    finding = Finding.objects.get(job=job)
-    assert finding.code == "lab.memory_unavailable"
-    assert finding.evidence["mem_available_kib"] == 40_000_000
+    [memory] = conditions(job)
+    assert memory["code"] == "lab.memory_unavailable"
+    assert memory["evidence"]["spark-04"]["mem_available_kib"] == 40_000_000
+    assert codes(job) == []
     assert job.status == "succeeded"
 
 
@@ -152,7 +186,8 @@ def test_another_architecture_or_engine_version_is_recorded_not_blocking(make_jo
         f["engines"]["vllm"] = "0.11.0"
 
     job = run_preflight(make_job, FactsSession(lab_facts(spark_01=other)))
-    assert sorted(codes(job)) == [("lab.compute_capability", False), ("lab.engine_version", False)]
+    assert sorted(c["code"] for c in conditions(job)) == ["lab.compute_capability", "lab.engine_version"]
+    assert job.status == "succeeded"
 
 
 def test_preflight_retry_outcome_carries_the_backoff(make_job: MakeJob) -> None:

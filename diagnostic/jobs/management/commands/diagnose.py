@@ -29,6 +29,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
+from django.utils import timezone
 
 from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import SIM_PREFIX, ClusterConfiguration, Lab
@@ -121,6 +122,12 @@ class Command(BaseCommand):
             except KeyboardInterrupt:
                 raise CommandError("interrupted; the job was asked to cancel") from None
         path = self._write(job, out)
+        if job.is_held:
+            # The command did its job: the lab's fault is told apart from the customer's
+            # configuration, written down for staff, and the day awaits its re-run.
+            self.stdout.write(f"job {job.pk} held for a lab fault; a re-run is due at no cost "
+                              f"(see {out / INCIDENT_NOTE})")
+            return
         if job.status != DiagnosticJob.Status.SUCCEEDED:
             raise CommandError(
                 f"job {job.pk} {job.status}: {job.status_message or 'see the stage table'}; "
@@ -181,7 +188,7 @@ class Command(BaseCommand):
             self.stdout.write(f"job {job.pk} queued on {lab.name}")
             deadline = time.monotonic() + time_limit_s
             try:
-                while not job.is_terminal:
+                while not (job.is_terminal or job.is_held):
                     time.sleep(QUEUE_POLL_S)
                     job.refresh_from_db()
                     self._report_stages(job, printed)
@@ -246,6 +253,9 @@ class Command(BaseCommand):
                 if isinstance(text, str) and Path(name).name == name and not name.startswith("."):
                     (out / name).write_text(text)
                     self.stdout.write(f"wrote {out / name}")
+        if job.is_held:
+            note = write_atomically(out / INCIDENT_NOTE, incident_note(job, document).encode())
+            self.stdout.write(f"wrote {note}")
         if document.get("tuned"):
             for written in write_tuned_files(document["tuned"], out):
                 self.stdout.write(f"wrote {written}")
@@ -281,6 +291,47 @@ class Command(BaseCommand):
                 logger.handlers = handlers
                 logger.setLevel(level)
             handler.close()
+
+
+INCIDENT_NOTE = "incident.md"
+
+
+def incident_note(job: DiagnosticJob, document: dict[str, Any]) -> str:
+    """The staff's short note on a day a lab fault stopped: what, where, the evidence, what
+    was done to the lab, and what to do next. Not a customer report: none is written."""
+    fault = document.get("lab_fault") or {}
+    money = document.get("money_back") or {}
+    lines = [
+        f"# Lab fault: diagnostic {job.pk} held",
+        "",
+        f"- Lab: {job.lab.name}",
+        f"- Stopped during: {fault.get('stage', '?')} ({fault.get('at', '?')})",
+        f"- What: {fault.get('summary') or job.status_message}",
+        f"- Nodes: {', '.join(fault.get('nodes') or []) or 'the lab as a whole'}",
+        f"- Error: {fault.get('message', '')}",
+        f"- Money back: {money.get('reason', 'not decided')}",
+        "",
+        "## Evidence",
+        "",
+        "```json",
+        json.dumps(fault.get("evidence") or {}, indent=2, sort_keys=True),
+        "```",
+        "",
+        "## The staff's log",
+        "",
+    ]
+    lines += [f"- {timezone.localtime(e.at):%Y-%m-%d %H:%M:%S} {e.get_kind_display()}: {e.message}"
+              for e in job.events.order_by("at", "id")]
+    lines += [
+        "",
+        "## Next",
+        "",
+        "No customer report was written. Once the lab is healthy, re-run the day from the staff job "
+        "page (from the stage that stopped, on the same day, or moved to another free lab day); the "
+        "stages that completed are kept.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def _upsert_lab(name: str, inventory: str) -> Lab:

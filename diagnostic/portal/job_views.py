@@ -3,6 +3,7 @@ the downloads (report PDF, tuned configuration) that exist once staff approved a
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.conf import settings
@@ -52,8 +53,42 @@ def _stopped_by(job: DiagnosticJob, stages: list[StageRun]) -> dict[str, str] | 
     return {"stage": stage.name, "reason": reason or "the stage could not complete"}
 
 
+NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+                "eleven", "twelve")
+
+
+def _count(n: int) -> str:
+    return NUMBER_WORDS[n] if 0 <= n < len(NUMBER_WORDS) else str(n)
+
+
+def lab_fault_words(job: DiagnosticJob) -> dict[str, str]:
+    """A held day as the customer is told it: that our lab had a fault, in plain words and
+    nothing internal (no node names, addresses, ports or paths), and that the day is re-run
+    at no cost, by when."""
+    fault = job.fault or {}
+    nodes = len(fault.get("nodes") or [])
+    total = job.lab.nodes.count() or nodes
+    if nodes == 1:
+        where = f"one of our {_count(total)} nodes" if total > 1 else "our lab's node"
+    elif nodes > 1:
+        where = f"{_count(nodes)} of our {_count(total)} nodes"
+    else:
+        where = "our lab"
+    what = "stopped answering" if fault.get("what") in ("node_unreachable", "ssh", "agent_failed") \
+        else "had a fault"
+    money = (job.findings or {}).get("money_back") or {}
+    try:
+        by = dt.date.fromisoformat(str(money.get("rerun_by")))
+    except ValueError:
+        rerun_by = ""
+    else:
+        rerun_by = f"{by:%A} {by.day} {by:%B %Y}"
+    return {"what": f"{where[0].upper()}{where[1:]} {what} during your diagnostic.", "rerun_by": rerun_by}
+
+
 def _stage_context(job: DiagnosticJob) -> dict[str, Any]:
     stages = list(job.stage_runs.order_by("order"))
+    held = job.is_held
     rows = [
         {
             "name": s.name,
@@ -62,7 +97,8 @@ def _stage_context(job: DiagnosticJob) -> dict[str, Any]:
             "lab_time": lab_duration(s.lab_seconds),
             # A stage's last word: while it runs, its progress; once done, its outcome when
             # it set one, else its last progress line.
-            "summary": (s.status_message or s.progress_message)
+            "summary": "paused: our lab had a fault" if held and not s.is_done
+            else (s.status_message or s.progress_message)
             if s.is_done
             else (s.progress_message or s.status_message),
             "progress": s.progress_percent,
@@ -79,6 +115,7 @@ def _stage_context(job: DiagnosticJob) -> dict[str, Any]:
         "stages": rows,
         "lab_total": lab_duration(total) if total else "",
         "stopped_by": _stopped_by(job, stages) if job.is_terminal else None,
+        "lab_fault": lab_fault_words(job) if held else None,
         "poll_ms": 0 if job.is_terminal else settings.PORTAL_POLL_MS,
     }
 

@@ -1,15 +1,28 @@
-"""What a consultant can do to a job from its page: cancel it, retry a stage that failed
-(with the stages that did not run after it, and the report), and write the report again.
-Each returns a sentence for the page; each refuses, saying why, when it makes no sense."""
+"""What a consultant can do to a job from its page: cancel it, retry a stage that failed or
+stopped the job (with the stages that did not run after it, and the report), re-run a day a
+lab fault held (from the stage that stopped, on the same day or moved to another free lab
+day), and write the report again. Each returns a sentence for the page; each refuses,
+saying why, when it makes no sense."""
 
 from __future__ import annotations
 
-from django.db import transaction
+import datetime as dt
+from typing import Any
 
-from diagnostic.jobs.models import DiagnosticJob, StageRun
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from diagnostic.bookings.models import Booking, LabDay
+from diagnostic.jobs.models import DiagnosticJob, Finding, JobEvent, Measurement, StageRun
+from diagnostic.jobs.orchestration import STOPPED_JOB, end_held
 from diagnostic.portal.jobrun import start_job
 
 RETRYABLE = (StageRun.Status.FAILED, StageRun.Status.QUARANTINED)
+# How far ahead a held day may be moved: the calendar's window.
+MOVE_WINDOW_DAYS = 56
+RESET = {"status": StageRun.Status.PENDING, "status_message": "", "attempts": 0, "lease_owner": "",
+         "lease_expires_at": None, "progress_percent": 0, "progress_message": "", "finished_at": None}
 
 
 class ActionRefused(ValueError):
@@ -17,9 +30,42 @@ class ActionRefused(ValueError):
 
 
 def cancel_job(job: DiagnosticJob) -> str:
+    if job.is_held:
+        end_held(job, "cancelled by staff while held for a lab fault")
+        return "Cancelled: the held day will not be re-run."
     if not job.request_cancel():
         raise ActionRefused(f"the job already ended ({job.status}); nothing to cancel")
     return "Cancel requested: the running stage stops at its next check and the job ends cancelled."
+
+
+def stopped_the_job(stage: StageRun) -> bool:
+    """A stage that succeeded by stopping the job (preflight or reproduce said the day
+    cannot go on): it may be retried once its cause is mended."""
+    return (stage.status == StageRun.Status.SUCCEEDED and isinstance(stage.result, dict)
+            and bool(stage.result.get(STOPPED_JOB)))
+
+
+def retryable(stage: StageRun) -> bool:
+    return stage.status in RETRYABLE or stopped_the_job(stage)
+
+
+def _again(job: DiagnosticJob, from_order: int) -> QuerySet[StageRun]:
+    """The stages from `from_order` on that will run again: those that did not succeed, and
+    one that succeeded only by stopping the job."""
+    stopped = [s.pk for s in job.stage_runs.filter(order__gte=from_order) if stopped_the_job(s)]
+    return job.stage_runs.filter(order__gte=from_order).exclude(
+        status=StageRun.Status.SUCCEEDED) | job.stage_runs.filter(pk__in=stopped)
+
+
+def _reset(stages: QuerySet[StageRun]) -> list[str]:
+    """Set `stages` to run again from their beginnings; what a stage that is run again
+    found before goes with it. Returns their names in order."""
+    ids = list(stages.values_list("pk", flat=True))
+    names = list(StageRun.objects.filter(pk__in=ids).order_by("order").values_list("name", flat=True))
+    Finding.objects.filter(stage_id__in=ids).delete()
+    Measurement.objects.filter(stage_id__in=ids).delete()
+    StageRun.objects.filter(pk__in=ids).update(**RESET, result=None)
+    return names
 
 
 def retry_stage(job: DiagnosticJob, stage_name: str) -> str:
@@ -29,20 +75,20 @@ def retry_stage(job: DiagnosticJob, stage_name: str) -> str:
         locked = DiagnosticJob.objects.select_for_update().get(pk=job.pk)
         if not locked.is_terminal:
             raise ActionRefused("the job is still running; cancel it or wait for it to end before a retry")
+        if locked.is_held:
+            raise ActionRefused("the job is held for a lab fault: re-run it from the stage that stopped, "
+                                "or move it to another lab day")
         stage = locked.stage_runs.filter(name=stage_name).first()
         if stage is None:
             raise ActionRefused(f"this job has no stage {stage_name!r}")
-        if stage.status not in RETRYABLE:
-            raise ActionRefused(f"{stage_name} is {stage.status}; only a failed or stopped stage is retried")
-        again = locked.stage_runs.filter(order__gte=stage.order).exclude(status=StageRun.Status.SUCCEEDED)
-        names = list(again.order_by("order").values_list("name", flat=True))
-        again.update(status=StageRun.Status.PENDING, status_message="", attempts=0, lease_owner="",
-                     lease_expires_at=None, progress_percent=0, progress_message="", finished_at=None)
-        locked.stage_runs.filter(name="report").update(
-            status=StageRun.Status.PENDING, status_message="", attempts=0, lease_owner="",
-            lease_expires_at=None, progress_percent=0, progress_message="", finished_at=None)
+        if not retryable(stage):
+            raise ActionRefused(f"{stage_name} is {stage.status}; only a failed or stopped stage, or one "
+                                "that stopped the job, is retried")
+        names = _reset(_again(locked, stage.order))
+        locked.stage_runs.filter(name="report").update(**RESET)
         DiagnosticJob.objects.filter(pk=locked.pk).update(
-            status=DiagnosticJob.Status.QUEUED, status_message="", finished_at=None, cancel_requested=False
+            status=DiagnosticJob.Status.QUEUED, status_message="", finished_at=None, cancel_requested=False,
+            stop_side="",
         )
         locked.refresh_from_db()
         start_job(locked)
@@ -59,3 +105,91 @@ def rerun_report(job: DiagnosticJob) -> str:
         raise ActionRefused("the report is written when the job ends; it is still running")
     render_report_version.delay(str(job.pk))
     return "A new report version is being written from the findings and the staff's edits."
+
+
+# -- a day held for a lab fault -------------------------------------------------------------
+
+
+def rerun_plan(job: DiagnosticJob) -> dict[str, list[str]]:
+    """Which stages a re-run of a held job keeps (completed, still valid: a later stage works
+    on the configuration with their proved changes) and which run again."""
+    stages = list(job.stage_runs.order_by("order"))
+    again = [s.name for s in stages if s.status != StageRun.Status.SUCCEEDED or stopped_the_job(s)]
+    return {"kept": [s.name for s in stages if s.name not in again], "again": again}
+
+
+def _rerun(locked: DiagnosticJob, *, kind: str, message: str, data: dict[str, Any], actor: Any) -> list[str]:
+    names = _reset(_again(locked, 0))
+    DiagnosticJob.objects.filter(pk=locked.pk).update(
+        status=DiagnosticJob.Status.QUEUED, status_message="", finished_at=None, cancel_requested=False,
+        stop_side="", released_at=None)
+    JobEvent.objects.create(job=locked, kind=kind, message=message, data={**data, "stages": names},
+                            actor=actor if getattr(actor, "pk", None) else None)
+    return names
+
+
+def resume_held(job: DiagnosticJob, *, actor: Any = None, now: dt.datetime | None = None) -> str:
+    """Re-run a held day on the same lab day, from the stage that stopped; the stages that
+    completed are kept."""
+    moment = now or timezone.now()
+    with transaction.atomic():
+        locked = DiagnosticJob.objects.select_for_update().get(pk=job.pk)
+        if not locked.is_held:
+            raise ActionRefused(f"the job is {locked.get_status_display()}, not held for a lab fault; "
+                                "nothing to re-run")
+        names = _rerun(locked, kind=JobEvent.Kind.RETRIED,
+                       message=f"Re-run on the same day from {names_first(locked)}",
+                       data={"rerun_on": timezone.localdate(moment).isoformat()}, actor=actor)
+        locked.refresh_from_db()
+        start_job(locked)
+    return f"Re-running {', '.join(names)}; the stages that completed are kept."
+
+
+def names_first(job: DiagnosticJob) -> str:
+    first = job.stage_runs.exclude(status=StageRun.Status.SUCCEEDED).order_by("order").first()
+    return first.name if first is not None else "the report"
+
+
+def free_days(job: DiagnosticJob, now: dt.datetime | None = None) -> list[LabDay]:
+    """The lab days a held diagnostic can move to: its lab's, from today on within the
+    calendar window, open and not booked by anyone."""
+    today = timezone.localdate(now or timezone.now())
+    taken = Booking.objects.exclude(status=Booking.Status.CANCELLED).values_list("lab_day_id", flat=True)
+    return list(LabDay.objects.filter(lab=job.lab, closed=False, date__gte=today,
+                                      date__lte=today + dt.timedelta(days=MOVE_WINDOW_DAYS))
+                .exclude(pk__in=taken).order_by("date"))
+
+
+def move_held(job: DiagnosticJob, day_id: Any, *, actor: Any = None, now: dt.datetime | None = None) -> str:
+    """Move a held diagnostic to another free lab day of its lab: it waits for that day and
+    runs from the stage that stopped; the stages that completed are kept."""
+    moment = now or timezone.now()
+    if job.booking is None:
+        raise ActionRefused("this job has no booking (an in-house run): re-run it on the same day instead")
+    try:
+        day = LabDay.objects.get(pk=int(day_id), lab=job.lab)
+    except (LabDay.DoesNotExist, TypeError, ValueError):
+        raise ActionRefused("choose one of the free lab days listed") from None
+    if day not in free_days(job, moment):
+        raise ActionRefused(f"{day.date:%A %d %B %Y} is not free (booked, closed, past or beyond the "
+                            f"{MOVE_WINDOW_DAYS}-day calendar); choose one of the free lab days listed")
+    try:
+        with transaction.atomic():
+            locked = DiagnosticJob.objects.select_for_update().get(pk=job.pk)
+            if not locked.is_held:
+                raise ActionRefused(f"the job is {locked.get_status_display()}, not held for a lab fault; "
+                                    "nothing to move")
+            booking = Booking.objects.select_for_update().get(pk=locked.booking_id)
+            before = booking.lab_day.date
+            booking.lab_day = day
+            booking.save(update_fields=["lab_day", "updated_at"])
+            names = _rerun(locked, kind=JobEvent.Kind.MOVED,
+                           message=f"Moved from {before:%Y-%m-%d} to {day.date:%Y-%m-%d}; runs from "
+                                   f"{names_first(locked)} that day",
+                           data={"rerun_on": day.date.isoformat(), "from": before.isoformat()}, actor=actor)
+            locked.refresh_from_db()
+            start_job(locked)
+    except IntegrityError:
+        raise ActionRefused(f"{day.date:%A %d %B %Y} was booked meanwhile; choose another free day") from None
+    return (f"Moved to {day.date:%A %d %B %Y}: {', '.join(names)} run that day; "
+            "the stages that completed are kept.")

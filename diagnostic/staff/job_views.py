@@ -129,7 +129,7 @@ def _timeline(job: DiagnosticJob) -> list[dict[str, Any]]:
             "lease": s.lease_owner if lease_live else "",
             "summary": (s.status_message or s.progress_message) if s.is_done
             else (s.progress_message or s.status_message),
-            "retryable": s.status in actions.RETRYABLE,
+            "retryable": actions.retryable(s),
             "error": s.last_error.strip().splitlines()[-1] if s.last_error.strip() else "",
         })
     return rows
@@ -158,9 +158,18 @@ def job_detail(request: HttpRequest, job_id: Any) -> HttpResponse:
         waterfall=plots.cold_start_waterfall(cold_start),
         reproduced_s=reproduce.get("cold_start_s") if isinstance(reproduce, dict) else None,
         versions=list(job.report_versions.order_by("created_at", "id")),
+        events=list(job.events.select_related("actor").order_by("-at", "-id")[:50]),
+        lab_conditions=_lab_conditions(job),
         late=job.booking_id is not None and is_late(job),
     )
     return render(request, "staff/job.html", context)
+
+
+def _lab_conditions(job: DiagnosticJob) -> list[dict[str, Any]]:
+    """What preflight noted about the lab (staff facts, each once with its nodes)."""
+    result = job.stage_runs.filter(name="preflight").values_list("result", flat=True).first()
+    found = result.get("lab_conditions") if isinstance(result, dict) else None
+    return [c for c in found or [] if isinstance(c, dict)]
 
 
 @staff_required
@@ -207,6 +216,12 @@ ACTIONS = {
     "cancel": ("Cancel this job", "The running stage stops at its next check; stages not run are cancelled."),
     "retry": ("Retry the stage", "The stage runs again from its beginning, then the stages after it "
               "that did not succeed, and the report."),
+    "resume": ("Re-run the held day", "The diagnostic runs again on the same lab day from the stage a lab "
+               "fault stopped; the stages that completed are kept. Run it once the lab is healthy again: "
+               "a fault that persists holds the day again."),
+    "move": ("Move the held day", "The diagnostic moves to another free lab day of this lab and runs from "
+             "the stage a lab fault stopped when that day begins; the stages that completed are kept, and "
+             "the customer's booking moves with it."),
     "rerun-report": ("Write the report again", "The report is rendered again from the findings and the "
                      "staff's edits. If they changed since the newest version, that is a new version, "
                      "which waits for approval; if not, it is the same version as before."),
@@ -223,14 +238,22 @@ def job_action(request: HttpRequest, job_id: Any, action: str) -> HttpResponse:
     stage = request.GET.get("stage", "") or request.POST.get("stage", "")
     if request.method == "GET":
         title, consequence = ACTIONS[action]
+        held = action in ("resume", "move")
         return render(request, "staff/confirm.html", {
             "job": job, "action": action, "title": title, "consequence": consequence, "stage": stage,
+            "plan": actions.rerun_plan(job) if held else None,
+            "days": actions.free_days(job) if action == "move" else None,
+            "fault": job.fault if held else None,
         })
     try:
         if action == "cancel":
             said = actions.cancel_job(job)
         elif action == "retry":
             said = actions.retry_stage(job, stage)
+        elif action == "resume":
+            said = actions.resume_held(job, actor=request.user)
+        elif action == "move":
+            said = actions.move_held(job, request.POST.get("day", ""), actor=request.user)
         else:
             said = actions.rerun_report(job)
     except actions.ActionRefused as exc:

@@ -67,11 +67,12 @@ def lab_fault_words(job: DiagnosticJob) -> dict[str, str]:
     at no cost, by when."""
     fault = job.fault or {}
     nodes = len(fault.get("nodes") or [])
-    total = job.lab.nodes.count() or nodes
+    total = job.lab.nodes.count()  # mirrored from the inventory; 0 when not known yet
+    ours = f"our {_count(total)} nodes" if total > nodes else "our nodes"
     if nodes == 1:
-        where = f"one of our {_count(total)} nodes" if total > 1 else "our lab's node"
+        where = f"one of {ours}"
     elif nodes > 1:
-        where = f"{_count(nodes)} of our {_count(total)} nodes"
+        where = f"{_count(nodes)} of {ours}"
     else:
         where = "our lab"
     what = "stopped answering" if fault.get("what") in ("node_unreachable", "ssh", "agent_failed") \

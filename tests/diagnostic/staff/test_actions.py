@@ -93,7 +93,8 @@ def test_retry_a_failed_stage_requeues_it_and_the_stages_after(
     assert "the job is still running; cancel it or wait" in page
     DiagnosticJob.objects.filter(pk=finished.pk).update(status=DiagnosticJob.Status.SUCCEEDED)
     page = follow_post(cast, f"/staff/jobs/{finished.pk}/retry/", {"stage": "preflight"})
-    assert "preflight is succeeded; only a failed or stopped stage is retried" in page
+    assert ("preflight is succeeded; only a failed or stopped stage, or one that stopped the job, "
+            "is retried") in page
     page = follow_post(cast, f"/staff/jobs/{finished.pk}/retry/", {"stage": "fp4"})
     assert "this job has no stage &#x27;fp4&#x27;" in page
 

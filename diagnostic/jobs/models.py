@@ -468,6 +468,9 @@ class NodeHealth(models.Model):
     # The newest telemetry sample: its lab-clock stamp and the wall time it stands for.
     last_telemetry_lab_t = models.FloatField(null=True, blank=True)
     last_telemetry_at = models.DateTimeField(null=True, blank=True)
+    # Who started the engine, as its launch spec says ({"platform": ..., "job": ...}); null
+    # when the agent named nobody (an engine started by hand, or an older agent).
+    engine_owner = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ("lab", "node")

@@ -10,7 +10,9 @@ from diagnostic.staff.labhealth import poll_all_labs
 
 @shared_task(name="diagnostic.staff.tasks.poll_lab_health", ignore_result=True)
 def poll_lab_health() -> list[str]:
-    """Poll every lab; returns the labs that could not be reached at all."""
+    """Poll every lab; returns the labs whose poll failed (the lab unreachable, or the poll
+    not completed), each recorded on its LabHealth row for the lab page. A lab's failed
+    poll does not stop the others'."""
     return [str(h.lab_id) for h in poll_all_labs() if h.error]
 
 

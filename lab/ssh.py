@@ -14,6 +14,7 @@ import errno
 import hashlib
 import io
 import logging
+import secrets
 import select
 import shlex
 import socket
@@ -401,7 +402,9 @@ class NodeConnection:
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
         def op(sftp: paramiko.SFTPClient) -> None:
-            tmp = f"{remote_path}.part"
+            # A name of its own: two sessions writing the same file at once (a job pushing
+            # the agent while the lab-health poll does) must not rename each other's part.
+            tmp = f"{remote_path}.{secrets.token_hex(6)}.part"
             with sftp.open(tmp, "wb") as fh:
                 fh.write(data)
             sftp.chmod(tmp, mode)

@@ -15,7 +15,7 @@ mid-stage, a node that was down at the time) left running.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,12 @@ from lab.session import LabSession
 log = logging.getLogger(__name__)
 
 PLATFORM = "gb10-diag"
+
+
+def nodes_words(nodes: Iterable[str]) -> str:
+    """Nodes as a sentence names them: "spark-05", or "3 nodes (spark-01, spark-02, spark-03)"."""
+    names = sorted(nodes)
+    return names[0] if len(names) == 1 else f"{len(names)} nodes ({', '.join(names)})"
 
 
 def job_owner(job_id: str) -> dict[str, str]:
@@ -106,7 +112,7 @@ class Shutdown:
         parts = []
         running = {n: p for n, p in self.stopped.items() if p}
         if running:
-            parts.append(f"stopped the engine on {len(running)} node(s): {', '.join(sorted(running))}")
+            parts.append(f"stopped the engine on {nodes_words(running)}")
         else:
             parts.append("no engine was running")
         if self.unreachable:

@@ -490,11 +490,10 @@ class JobEvent(models.Model):
 
     class Kind(models.TextChoices):
         LAB_CLEANED = "lab_cleaned", "lab cleaned before the job"
-        ENGINES_STOPPED = "engines_stopped", "engines stopped at the job's end"
+        ENGINES_STOPPED = "engines_stopped", "engines stopped"
         LAB_FAULT = "lab_fault", "held for a lab fault"
         RETRIED = "retried", "re-run on the same day"
         MOVED = "moved", "moved to another lab day"
-        STOP = "stop", "stopped"
 
     job = models.ForeignKey(DiagnosticJob, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(default=timezone.now)

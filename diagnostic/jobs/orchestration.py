@@ -48,7 +48,7 @@ from diagnostic.jobs.faults import (
     through_outage,
 )
 from diagnostic.jobs.findings import build_findings
-from diagnostic.jobs.hygiene import job_owner, shut_down, sweep
+from diagnostic.jobs.hygiene import job_owner, nodes_words, shut_down, sweep
 from diagnostic.jobs.labaccess import LabAccess, SessionFactory
 from diagnostic.jobs.leases import Claim
 from diagnostic.jobs.models import DiagnosticJob, Finding, JobEvent, Measurement, StageRun
@@ -603,8 +603,8 @@ def _sweep(job: DiagnosticJob, session: LabSession) -> None:
         earlier = sorted(set(found.stopped.values()))
         JobEvent.objects.create(
             job=job, kind=JobEvent.Kind.LAB_CLEANED,
-            message=(f"Stopped the engine an earlier job left running on {len(found.stopped)} node(s) "
-                     f"({', '.join(sorted(found.stopped))}); earlier job(s): {', '.join(earlier)}"),
+            message=(f"Stopped the engine an earlier job left running on {nodes_words(found.stopped)}; "
+                     f"earlier job(s): {', '.join(earlier)}"),
             data=found.as_dict(),
         )
         log.warning("stopped engines an earlier job left", extra={"job": str(job.pk), **found.as_dict()})
@@ -612,7 +612,7 @@ def _sweep(job: DiagnosticJob, session: LabSession) -> None:
         nodes = sorted(set(found.foreign) | set(found.stop_failed))
         what = ("an engine this platform did not start runs" if found.foreign
                 else "an earlier job's engine could not be stopped")
-        raise LabFault("node_busy", f"{what} on {len(nodes)} node(s): {', '.join(nodes)}",
+        raise LabFault("node_busy", f"{what} on {nodes_words(nodes)}",
                        nodes=nodes, evidence=found.as_dict())
 
 
@@ -635,7 +635,7 @@ def _shut_down(job: DiagnosticJob, access: LabAccess | None, *, why: str) -> Non
         return
     JobEvent.objects.create(job=job, kind=JobEvent.Kind.ENGINES_STOPPED,
                             message=f"{why[0].upper()}{why[1:]}: {done.sentence()}", data=done.as_dict())
-    log.info("engines stopped at the job's end", extra={"job": str(job.pk), **done.as_dict()})
+    log.info("engines stopped", extra={"job": str(job.pk), "why": why, **done.as_dict()})
 
 
 def _cause_chain(exc: BaseException) -> list[BaseException]:
@@ -652,9 +652,11 @@ def lab_fault_details(exc: BaseException, fault: Fault, stage: str) -> dict[str,
     the evidence, and one sentence for staff. The customer sees none of it."""
     what, nodes = "lab", []
     evidence: dict[str, Any] = {"error": fault.reason}
+    said = ""
     for cause in _cause_chain(exc):
         if isinstance(cause, LabFault):
             what, nodes, evidence = cause.what, cause.nodes, {**cause.evidence, "error": fault.reason}
+            said = cause.message
             break
         if isinstance(cause, NodeUnreachable):
             what, nodes = "node_unreachable", sorted(cause.nodes)
@@ -667,15 +669,13 @@ def lab_fault_details(exc: BaseException, fault: Fault, stage: str) -> dict[str,
             break
     else:
         what = {"ssh": "ssh", "endpoint": "endpoint"}.get(fault.kind, "lab")
-    words = {
-        "node_unreachable": "did not answer",
-        "agent_failed": "node agent failed",
-        "node_busy": "was busy with something this platform did not start",
-        "ssh": "SSH failed",
+    where = nodes_words(nodes) if nodes else "the lab"
+    summary = said or {
+        "node_unreachable": f"{where} did not answer",
+        "agent_failed": f"the node agent failed on {where}",
+        "ssh": f"SSH to {where} failed",
         "endpoint": "the engine's endpoint stopped answering",
-    }.get(what, "lab fault")
-    where = f"{len(nodes)} node(s): {', '.join(nodes)}" if nodes else "the lab"
-    summary = f"{where} {words}" if nodes else f"{words} on the lab"
+    }.get(what, f"a fault of {where}")
     return {"side": DiagnosticJob.Side.LAB.value, "what": what, "stage": stage, "nodes": nodes,
             "evidence": evidence, "summary": f"{summary} during {stage}", "message": fault.reason}
 

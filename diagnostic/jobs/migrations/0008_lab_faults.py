@@ -44,7 +44,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('kind', models.CharField(choices=[('lab_cleaned', 'lab cleaned before the job'), ('engines_stopped', "engines stopped at the job's end"), ('lab_fault', 'held for a lab fault'), ('retried', 're-run on the same day'), ('moved', 'moved to another lab day'), ('stop', 'stopped')], max_length=20)),
+                ('kind', models.CharField(choices=[('lab_cleaned', 'lab cleaned before the job'), ('engines_stopped', 'engines stopped'), ('lab_fault', 'held for a lab fault'), ('retried', 're-run on the same day'), ('moved', 'moved to another lab day')], max_length=20)),
                 ('message', models.TextField()),
                 ('data', models.JSONField(blank=True, default=dict)),
                 ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),

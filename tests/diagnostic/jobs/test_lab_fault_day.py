@@ -20,6 +20,7 @@ import pytest
 from django.core import mail
 from django.core.management import call_command
 from django.utils import timezone
+from pypdf import PdfReader
 
 from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import Booking, Lab, LabDay
@@ -154,6 +155,11 @@ def test_a_node_powered_off_mid_stage_holds_the_day_and_a_rerun_the_same_day_com
     assert job.findings["lab_fault"] is None
     conditions = job.findings["money_back"]["conditions"]
     assert conditions["lab_fault_not_rerun"] is False
+    report = PdfReader(ReportVersion.objects.get(job=job).pdf_path)
+    pdf = "".join(page.extract_text() for page in report.pages)
+    flat = " ".join(pdf.split())
+    assert f"re-run on {timezone.localdate():%Y-%m-%d}" in flat, "the fault is in the money-back audit trail"
+    assert NODE not in flat, "the customer's report names none of our nodes"
     kinds = list(JobEvent.objects.filter(job=job).order_by("at", "id").values_list("kind", flat=True))
     assert kinds.count("lab_fault") == 1 and "retried" in kinds and kinds[-1] == "engines_stopped"
 

@@ -25,13 +25,15 @@ import math
 from typing import Any
 
 from diagnostic.jobs.context import StageContext, StopJob
+from diagnostic.jobs.faults import LabFault
 from diagnostic.pipelines import changes
 from diagnostic.pipelines.changes import apply_changes
 from diagnostic.pipelines.client import EndpointError
 from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
 from diagnostic.pipelines.triage.coldstart import launch_offsets
 from lab.engines import parse_log
-from lab.session import LabError, LabSession, LaunchFailed
+from lab.engines.base import argument_refusal
+from lab.session import LabError, LabSession, LaunchFailed, LaunchResult
 
 # Lab seconds a cold start may take before it counts as hung: the reference lab's
 # worst published cold start is well under half of this.
@@ -87,22 +89,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
     try:
         launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
     except LaunchFailed as exc:
-        fitted = _start_failed(ctx, config, exc, sampler_from)
-        # The context does not fit, and the engine said the length that would: the rest of
-        # the day runs on the configuration with that length (the customer's to accept or
-        # trade for memory), started cold again with a fresh telemetry record.
-        config_changes = [fitted]
-        config = apply_changes(config, config_changes)
-        ctx.log(f"starting the configuration again, cold, with serving.max_model_len {fitted['to']:,}")
-        ctx.progress(30, "launching the configuration with the length that fits, cold caches")
-        session.start_sampler()
-        sampler_from = session.clock.now()
-        evidence = _launch_marks(session, config)
-        try:
-            launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
-        except LaunchFailed as again:
-            _start_failed(ctx, config, again, sampler_from, retry=True)
-            raise AssertionError("a second failed start stops the job") from again
+        if _a_crash(exc, str(config["engine"]["name"])):
+            launched, evidence, sampler_from = _start_after_crash(ctx, config, exc)
+        else:
+            launched, evidence, sampler_from, config, config_changes = _start_with_fixes(
+                ctx, config, exc, sampler_from)
 
     ctx.log(f"serving at {launched.endpoint} after {launched.cold_start_s:.1f} lab s")
     corrected = {node: c for node, c in launched.start_corrections_s.items() if abs(c) >= 1.0}
@@ -249,6 +240,21 @@ def _start_failed(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, 
             "the length the engine said fits",
             stopped,
         ) from exc
+    refused = argument_refusal(exc.engine_error, exc.exit_code)
+    if refused is not None:
+        # The engine refused the configuration's arguments: the customer's configuration
+        # (METHODOLOGY "Money back"), in the engine's own words, not a crash of our lab.
+        ctx.add_finding(
+            "config.engine_refused",
+            f"The engine refused the configuration's arguments: {refused}",
+            evidence={"node": exc.node, "engine_error": exc.engine_error, "exit_code": exc.exit_code,
+                      "log_tail": exc.log_tail[-CRASH_TAIL_CHARS:]},
+            change={"note": "Use only the arguments this engine version accepts (its own list is in "
+                            "the error above)."},
+            blocking=True,
+        )
+        raise StopJob(f"reproduce: the engine refused the configuration's arguments ({refused})",
+                      stopped, side="customer") from exc
     ctx.add_finding(
         "lab.engine_crash",
         f"The engine did not start on {exc.node}: {exc.reason}",
@@ -267,10 +273,103 @@ def _start_failed(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, 
         change={},
         blocking=True,
     )
+    # A crash not shown to be the configuration's (the same crash twice on healthy nodes)
+    # is ours: the money-back rule counts lab.engine_crash on our side.
     raise StopJob(
         f"reproduce: the configuration did not start on {exc.node} ({exc.reason})",
-        stopped,
+        stopped, side="lab",
     ) from exc
+
+
+def _start_with_fixes(
+    ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, sampler_from: float
+) -> tuple[LaunchResult, dict[str, Any], float, dict[str, Any], list[dict[str, Any]]]:
+    """The context does not fit, and the engine said the length that would: the rest of the
+    day runs on the configuration with that length (the customer's to accept or trade for
+    memory), started cold again with a fresh telemetry record. Anything else stops the job."""
+    session = ctx.session
+    fitted = _start_failed(ctx, config, exc, sampler_from)
+    config_changes = [fitted]
+    config = apply_changes(config, config_changes)
+    ctx.log(f"starting the configuration again, cold, with serving.max_model_len {fitted['to']:,}")
+    ctx.progress(30, "launching the configuration with the length that fits, cold caches")
+    session.start_sampler()
+    sampler_from = session.clock.now()
+    evidence = _launch_marks(session, config)
+    try:
+        launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
+    except LaunchFailed as again:
+        _start_failed(ctx, config, again, sampler_from, retry=True)
+        raise AssertionError("a second failed start stops the job") from again
+    return launched, evidence, sampler_from, config, config_changes
+
+
+def _a_crash(exc: LaunchFailed, engine: str) -> bool:
+    """The engine exited for a reason other than a KV budget it named or arguments it
+    refused: whose it is, the configuration's or the lab's, a second start tells."""
+    return (kv_budget_evidence(exc.log_tail, engine) is None
+            and argument_refusal(exc.engine_error, exc.exit_code) is None)
+
+
+def _start_info(exc: LaunchFailed) -> dict[str, Any]:
+    return {"node": exc.node, "reason": exc.reason, "engine_error": exc.engine_error,
+            "exit_code": exc.exit_code}
+
+
+def _start_after_crash(
+    ctx: StageContext, config: dict[str, Any], first: LaunchFailed
+) -> tuple[LaunchResult, dict[str, Any], float]:
+    """The engine crashed on the first start. A crash is the configuration's only when the
+    same configuration crashes the same way again on healthy nodes (METHODOLOGY "Money
+    back"), so the same configuration is started once more, cold: the same crash stops the
+    job as the customer's finding; a start that serves goes on (the first crash noted for
+    staff); a different crash is a lab fault that holds the day."""
+    session = ctx.session
+    ctx.log(f"the engine did not start on {first.node}: {first.reason}")
+    ctx.attach(f"engine log tail, {first.node} (first start)", first.log_tail)
+    ctx.log("starting the same configuration again, cold: a crash is the configuration's only when "
+            "it repeats the same way")
+    ctx.progress(30, "the engine crashed on the first start; starting the configuration again, cold")
+    session.start_sampler()
+    sampler_from = session.clock.now()
+    evidence = _launch_marks(session, config)
+    try:
+        launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
+    except LaunchFailed as again:
+        ctx.attach(f"engine log tail, {again.node} (second start)", again.log_tail)
+        starts = [_start_info(first), _start_info(again)]
+        same = (again.engine_error or again.reason) == (first.engine_error or first.reason)
+        if not same:
+            raise LabFault("engine_crash", f"the engine crashed on two starts of the same configuration, "
+                           f"differently: {first.reason}; then {again.reason}",
+                           nodes=sorted({first.node, again.node}), evidence={"starts": starts}) from again
+        engine = str(config["engine"]["name"])
+        telemetry = _collect_telemetry(ctx, sampler_from)
+        ctx.add_finding(
+            "config.engine_crash",
+            f"The engine does not start with this configuration: {again.reason}",
+            evidence={
+                **_start_info(again),
+                "starts": starts,
+                "log_tail": again.log_tail[-CRASH_TAIL_CHARS:],
+                "error_lines": [
+                    event["message"] for event in parse_log(engine, again.log_tail.splitlines())
+                    if event["kind"] == "error"
+                ][-20:],
+            },
+            change={"note": "The same crash on two cold starts on healthy nodes: the configuration, as "
+                            "the engine's own error says, is what to change."},
+            blocking=True,
+        )
+        raise StopJob(
+            f"reproduce: the configuration did not start on {again.node} ({again.reason}); "
+            "the same crash on a second start",
+            {"launched": False, "node": again.node, "reason": again.reason, "starts": starts, **telemetry},
+            side="customer",
+        ) from again
+    ctx.log(f"the second start served: the first start's crash ({first.reason}) did not repeat, so it "
+            "is not the configuration's; the day goes on with the second start")
+    return launched, evidence, sampler_from
 
 
 def _launch_marks(session: LabSession, config: dict[str, Any]) -> dict[str, Any]:

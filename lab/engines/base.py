@@ -55,6 +55,19 @@ class EngineArgError(ValueError):
         self.prog = prog
 
 
+# The line argparse prints before it exits 2: "<prog>: error: <message>".
+_ARGPARSE_ERROR = re.compile(r"^(?:[\w./-]+ )*[\w./-]+: error: (?P<message>.+)$")
+
+
+def argument_refusal(engine_error: str | None, exit_code: int | None) -> str | None:
+    """argparse's words when an engine exited refusing its arguments (exit status 2 and its
+    "prog: error: ..." line), else None: that is the configuration's, not a crash."""
+    if exit_code != 2 or not engine_error:
+        return None
+    match = _ARGPARSE_ERROR.match(engine_error.strip().splitlines()[-1])
+    return match.group("message") if match else None
+
+
 @dataclass(frozen=True)
 class LaunchInfo:
     """Where this process sits in a multi-node launch: its rank, whether it serves the

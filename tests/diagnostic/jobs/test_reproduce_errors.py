@@ -2,8 +2,10 @@
 
 `manage.py diagnose` against the simulated lab with a configuration the engine refuses
 (an FP4 MoE kernel the lab's vLLM build does not have), and what a consultant then reads:
-the stage's log, the `lab.engine_crash` finding's title and evidence, and why the job
-stopped all carry the engine's final exception line, not only its exit code.
+the stage's log, the `config.engine_crash` finding's title and evidence, and why the job
+stopped all carry the engine's final exception line, not only its exit code. A crash is the
+configuration's only when it repeats the same way (METHODOLOGY "Money back"): the stage
+started the configuration twice, and both starts are in the evidence.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ def test_a_start_the_engine_refuses_is_reported_with_the_engines_error(
 
     document = json.loads((out / "findings.json").read_text())
     validate_findings(document)
-    (finding,) = [f for f in document["findings"] if f["code"] == "lab.engine_crash"]
+    (finding,) = [f for f in document["findings"] if f["code"] == "config.engine_crash"]
     node = finding["evidence"]["node"]
-    assert finding["title"] == f"The engine did not start on {node}: {reason}"
+    assert finding["title"] == f"The engine does not start with this configuration: {reason}"
+    assert [start["engine_error"] for start in finding["evidence"]["starts"]] == [ENGINE_ERROR, ENGINE_ERROR]
+    assert document["job"]["stop_side"] == "customer"
+    assert not [f for f in document["findings"] if f["code"].startswith("lab.")], "not our lab's failure"
     evidence = finding["evidence"]
     assert (evidence["reason"], evidence["engine_error"], evidence["exit_code"]) == \
         (reason, ENGINE_ERROR, 1)

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.findings import SECTIONS, build_findings, validate_findings
-from diagnostic.jobs.models import DiagnosticJob, FindingEdit, ReportVersion, record_report_version
+from diagnostic.jobs.models import DiagnosticJob, FindingEdit, JobEvent, ReportVersion, record_report_version
 from reports.email import build_report_email, write_eml
 from reports.models import first_sent_at, overrides_for
 from reports.moneyback import OverrideEntry, assess
@@ -53,7 +53,18 @@ def customer_name(job: DiagnosticJob) -> str:
 
 
 def lab_day(job: DiagnosticJob) -> dt.date | None:
-    return job.booking.lab_day.date if job.booking is not None else None
+    """The day the diagnostic ran: the booked lab day, or the later day a re-run after a
+    lab fault ran on (the report is due one business day after the day that completed it)."""
+    if job.booking is None:
+        return None
+    day: dt.date = job.booking.lab_day.date
+    reruns = job.events.filter(kind=JobEvent.Kind.RETRIED).values_list("data", flat=True)
+    for data in reruns:
+        try:
+            day = max(day, dt.date.fromisoformat(str((data or {}).get("rerun_on"))))
+        except ValueError:
+            continue
+    return day
 
 
 def current_edits(job: DiagnosticJob) -> dict[int, dict[str, str]]:

@@ -73,11 +73,11 @@ def retry_stage(job: DiagnosticJob, stage_name: str) -> str:
     it that did not succeed, and the report (it must include the retried stage)."""
     with transaction.atomic():
         locked = DiagnosticJob.objects.select_for_update().get(pk=job.pk)
-        if not locked.is_terminal:
-            raise ActionRefused("the job is still running; cancel it or wait for it to end before a retry")
         if locked.is_held:
             raise ActionRefused("the job is held for a lab fault: re-run it from the stage that stopped, "
                                 "or move it to another lab day")
+        if not locked.is_terminal:
+            raise ActionRefused("the job is still running; cancel it or wait for it to end before a retry")
         stage = locked.stage_runs.filter(name=stage_name).first()
         if stage is None:
             raise ActionRefused(f"this job has no stage {stage_name!r}")

@@ -13,7 +13,8 @@ private PostgreSQL and Redis (tests/diagnostic/jobs/chaos.py) and injects the fa
   job runs preflight, reproduce and measure on a fast copy of the reference lab).
 
 It then checks what every fault must leave standing (chaos.check_outcome: the job ended
-succeeded, or failed/partial with one reason; no stage that succeeded ran again; at most
+succeeded, or failed/partial with one reason, or is held for a lab fault a node's outage
+outlasted; no stage that succeeded ran again; at most
 one email per report version; findings of succeeded stages kept once) and prints one row
 per run: the fault, the job's end, the faulted stage's attempts, whether the checks held,
 and the wall seconds. "landed" says whether the fault struck while its stage ran or after
@@ -53,7 +54,7 @@ TARGETS = {
     "disk": ["report"],
     "node": ["measure"],
 }
-TERMINAL = {"succeeded", "partial", "failed", "cancelled"}
+TERMINAL = {"succeeded", "partial", "failed", "cancelled", "held"}
 FAST_DILATION = 150
 
 

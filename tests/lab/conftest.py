@@ -24,7 +24,7 @@ import pytest
 from lab.inventory import Inventory, parse_inventory
 from tests.conftest import service_missing, sshd_binary
 
-SSHD = sshd_binary() or "/usr/sbin/sshd"
+SSHD = sshd_binary()  # None without openssh-server (or with SSHD_PATH naming no executable)
 ENGINE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -94,6 +94,7 @@ class Sshd:
             + "\n"
         )
         Path("/run/sshd").mkdir(exist_ok=True)
+        assert SSHD is not None
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -154,7 +155,7 @@ class Sshd:
 
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    if not Path(SSHD).exists():
+    if SSHD is None:
         service_missing("sshd (Debian's openssh-server) is not installed")
     root = tmp_path / "sshd"
     root.mkdir()

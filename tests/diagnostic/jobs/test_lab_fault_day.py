@@ -35,7 +35,7 @@ from lab.sim.scenario import load_scenario
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO, REPO, Cast, logged_in
 from tests.diagnostic.doubles import fast_scenario
 
-pytestmark = [pytest.mark.ssh, pytest.mark.django_db]
+pytestmark = pytest.mark.django_db
 NODE = "spark-05"
 STAGES = ["preflight", "reproduce", "report"]
 INTERNAL = ("spark-", "127.0.0.1", "/var/lib/diag", "NodeUnreachable", "preflight", "reproduce")

@@ -27,7 +27,7 @@ from tests.diagnostic.conftest import REFERENCE_SCENARIO
 from tests.diagnostic.doubles import fast_scenario
 from tests.diagnostic.jobs.test_orchestration import add_test_stage
 
-pytestmark = [pytest.mark.ssh, pytest.mark.django_db]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

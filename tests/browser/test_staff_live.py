@@ -180,12 +180,13 @@ def test_a_consultant_watches_a_portal_job_live_then_reviews_and_approves(
         assert len(set(growing)) >= 2 and growing == sorted(growing), log_lengths
         assert log_lengths[-1][0] == "done", log_lengths
         assert log is not None
-        # The lab page, polled now: the engine the day left running is this job's.
+        # The lab page, polled now: the day stopped its engines when it ended (the lab is
+        # left as found), and the last one the head ran was this job's.
         lab_page = watch(staff.new_page(), errors)
         lab_page.goto(f"{live_server.url}/staff/lab/")
         lab_page.click("#refresh-lab")
         head = lab_page.locator("tr.node[data-node='spark-01']")
-        assert "running" in head.inner_text(), head.inner_text()
+        assert "exited" in head.inner_text() and "running" not in head.inner_text(), head.inner_text()
         assert head.locator(f"a[href='/staff/jobs/{job.pk}/']").count() == 1, head.inner_text()
         screenshot(lab_page, "staff-live-07-lab")
         saved = StageRun.objects.get(job=job, name=log_stage).log

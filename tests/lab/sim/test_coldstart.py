@@ -205,4 +205,5 @@ def test_an_unknown_flag_fails_with_argparses_message_and_exit_2(sim_lab: SimLab
     assert lines[-2].startswith("usage: vllm serve")
     assert lines[-1] == "vllm serve: error: unrecognized arguments: --frobnicate"
     assert sim_lab.head.status() == {"running": False, "pid": head.pid, "exit_code": 2,
-                                     "spec_sha256": head.spec_sha256}
+                                     "spec_sha256": head.spec_sha256, "owner": None,
+                                     "log_file": "/var/lib/diag/logs/engine.log"}

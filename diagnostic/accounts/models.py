@@ -1,4 +1,5 @@
-"""An invitation: staff ask a person to join an organisation's portal account.
+"""An invitation: staff ask a person to join an organisation's portal account (a new
+account, or an existing one whose owner signs in to join: diagnostic.accounts.invitations).
 
 Only the SHA-256 of the link's token is stored, so a database copy cannot be turned into
 working links; a link works once and until it expires.
@@ -31,6 +32,12 @@ class Invitation(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Who used the link: the account it created, or the existing account whose owner,
+    # signed in, joined the organisation with it (joined_existing).
+    used_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    joined_existing = models.BooleanField(default=False)
 
     class Meta:
         ordering = ("-created_at",)

@@ -1,5 +1,6 @@
 """Account pages beyond Django's own login/logout/reset: accepting an invitation (set a
-password) and the page a locked-out login gets."""
+password for a new account, or, for an existing account, its signed-in owner confirms
+joining) and the page a locked-out login gets."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django import forms
 from django.contrib.auth import login, password_validation
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.views import redirect_to_login
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -19,7 +21,15 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from diagnostic.accounts import backends
-from diagnostic.accounts.invitations import InvitationUnusable, accept, find_usable
+from diagnostic.accounts.invitations import (
+    AccountExists,
+    InvitationUnusable,
+    accept,
+    check_account,
+    find_usable,
+    join,
+)
+from diagnostic.accounts.models import Invitation
 
 
 class EmailAuthenticationForm(AuthenticationForm):
@@ -71,20 +81,60 @@ def landing(request: HttpRequest) -> HttpResponse:
     return redirect("/staff/" if request.user.is_staff else "/portal/")
 
 
+def _unusable(request: HttpRequest, exc: InvitationUnusable) -> HttpResponse:
+    return render(request, "accounts/invite_unusable.html", {"reason": str(exc)}, status=410)
+
+
+def _refused(request: HttpRequest, reason: str) -> HttpResponse:
+    """The invitation may not touch the address's account: said, 409, nothing changed."""
+    return render(request, "accounts/invite_refused.html", {"reason": reason}, status=409)
+
+
+@require_http_methods(["GET", "POST"])
 def accept_invite(request: HttpRequest, token: str) -> HttpResponse:
+    """A new address sets its password here; an existing account never does (it is not
+    taken over): the only one an invitation may join, its owner joins signed in."""
     try:
         invitation = find_usable(token)
+        account = check_account(invitation)
     except InvitationUnusable as exc:
-        return render(request, "accounts/invite_unusable.html", {"reason": str(exc)}, status=410)
+        return _unusable(request, exc)
+    except AccountExists as exc:
+        return _refused(request, exc.public)
+    if account is not None:
+        return _join_existing(request, token, invitation, account)
     form = SetPasswordForm(request.POST or None, email=invitation.email)
     if request.method == "POST" and form.is_valid():
         try:
             user = accept(token=token, password=form.cleaned_data["password1"])
         except InvitationUnusable as exc:
-            return render(request, "accounts/invite_unusable.html", {"reason": str(exc)}, status=410)
+            return _unusable(request, exc)
+        except AccountExists as exc:
+            return _refused(request, exc.public)
         login(request, user, backend=backends.PATH)
         return redirect("portal:bookings")
     return render(request, "accounts/accept_invite.html", {"form": form, "invitation": invitation})
+
+
+def _join_existing(request: HttpRequest, token: str, invitation: Invitation, account: Any) -> HttpResponse:
+    """The address has an account that belongs to no organisation: its owner signs in with
+    that account's own password, then confirms joining (a POST), which is logged."""
+    user = request.user
+    if not user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    if user.pk != account.pk:
+        return _refused(request, (
+            f"This invitation is for {invitation.email}, and you are signed in as another account. "
+            f"Log out, then sign in as {invitation.email} to join {invitation.organisation.name}."))
+    if request.method == "POST":
+        try:
+            join(token=token, user=user)
+        except InvitationUnusable as exc:
+            return _unusable(request, exc)
+        except AccountExists as exc:
+            return _refused(request, exc.public)
+        return redirect("portal:bookings")
+    return render(request, "accounts/join_invite.html", {"invitation": invitation})
 
 
 def unlocks_at(request: HttpRequest, username: str) -> dt.datetime | None:

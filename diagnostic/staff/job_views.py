@@ -19,7 +19,7 @@ from diagnostic.bookings.models import Lab, Organisation
 from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.portal.job_views import STAGE_WORDS, lab_duration
 from diagnostic.staff import actions, plots
-from diagnostic.staff.access import abilities, staff_required
+from diagnostic.staff.access import abilities, staff_group_required, staff_required
 from diagnostic.staff.review import is_late
 
 PAGE_ROWS = 100
@@ -228,10 +228,11 @@ ACTIONS = {
 }
 
 
-@staff_required
+@staff_group_required
 @require_http_methods(["GET", "POST"])
 def job_action(request: HttpRequest, job_id: Any, action: str) -> HttpResponse:
-    """GET: the confirmation page; POST: do it. Any staff member may run the lab day."""
+    """GET: the confirmation page; POST: do it. Each changes what the customer receives,
+    so each is the `staff` group's; other staff look only (403 here, no button)."""
     job = get_job(job_id)
     if action not in ACTIONS:
         raise Http404("no such action")

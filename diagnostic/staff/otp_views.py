@@ -1,14 +1,15 @@
-"""The second factor for staff (STAFF_REQUIRE_2FA): a consultant without a TOTP device
-enrols one (the secret shown once, as a key and an otpauth link for an authenticator
-app) and confirms it with a code; afterwards each login asks for a code. django-otp
-throttles wrong codes per device."""
+"""The second factor for staff (STAFF_REQUIRE_2FA), for the dashboard and the admin alike
+(diagnostic.staff.access): a consultant without a TOTP device enrols one (the secret shown
+once, as a key and an otpauth link for an authenticator app) and confirms it with a code;
+afterwards each login asks for a code. django-otp throttles wrong codes per device.
+Customers get 404 here, as on every staff page."""
 
 from __future__ import annotations
 
 from base64 import b32encode
 
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django_otp import login as otp_login
@@ -26,8 +27,8 @@ def otp_verify(request: HttpRequest) -> HttpResponseBase:
     user = request.user
     if not user.is_authenticated:
         return redirect_to_login(request.get_full_path())
-    if not user.is_staff:
-        return redirect("/portal/")
+    if not (user.is_active and user.is_staff):
+        raise Http404("no such page")
     confirmed = TOTPDevice.objects.filter(user=user, confirmed=True).first()
     device = confirmed or TOTPDevice.objects.filter(user=user, confirmed=False).first()
     if device is None:

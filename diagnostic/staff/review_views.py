@@ -15,7 +15,14 @@ from django.views.decorators.http import require_POST
 
 from diagnostic.jobs.models import FindingEdit, ReportVersion
 from diagnostic.jobs.report import current_edits, render_version, version_document
-from diagnostic.staff.access import APPROVE, REFUND, abilities, staff_may, staff_required
+from diagnostic.staff.access import (
+    APPROVE,
+    REFUND,
+    abilities,
+    staff_group_required,
+    staff_may,
+    staff_required,
+)
 from diagnostic.staff.job_views import get_job
 from diagnostic.staff.review import (
     ApprovalRefused,
@@ -108,7 +115,7 @@ def report_review(request: HttpRequest, job_id: Any) -> HttpResponse:
     })
 
 
-@staff_required
+@staff_group_required
 @require_POST
 def finding_edit(request: HttpRequest, job_id: Any, finding_id: int) -> HttpResponse:
     job = get_job(job_id)
@@ -128,7 +135,7 @@ def finding_edit(request: HttpRequest, job_id: Any, finding_id: int) -> HttpResp
     return redirect(f"/staff/reports/{job.pk}/#finding-{finding.pk}")
 
 
-@staff_required
+@staff_group_required
 @require_POST
 def render_new_version(request: HttpRequest, job_id: Any) -> HttpResponse:
     """Render here, in the request (a few seconds, in the renderer's own limited child

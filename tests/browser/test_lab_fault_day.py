@@ -14,12 +14,14 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Group
 from django.utils import timezone
 
 from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import Booking, LabDay
 from diagnostic.jobs.models import DiagnosticJob, JobEvent
 from diagnostic.jobs.orchestration import create_job, run_until_done
+from diagnostic.staff.apps import STAFF_GROUP
 from lab.session import NodeUnreachable
 from tests.browser.test_staff_review import browser_as
 from tests.diagnostic.conftest import (  # noqa: F401
@@ -76,6 +78,7 @@ def test_a_held_day_seen_by_the_customer_and_moved_by_the_consultant(
     assert alice.inner_text("#job-status") == "paused: our lab had a fault"
     screenshot(alice, "lab-fault-customer-held")
 
+    cast.staff.groups.add(Group.objects.get(name=STAFF_GROUP))  # moving a day changes what a customer gets
     staff = browser_as(browser, live_server, cast.staff).new_page()
     staff.on("pageerror", lambda exc: errors.append(str(exc)))
     staff.goto(f"{live_server.url}/staff/?state=held")

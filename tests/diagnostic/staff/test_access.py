@@ -1,8 +1,10 @@
 """Every staff URL as the whole cast: anonymous visitors go to the login page (302), a
 customer gets 404 (the dashboard confirms nothing to customers, neither the page nor the
-job; the portal answers staff the same way), staff without the `staff` group may look and
-run the day (the job actions: tests/diagnostic/staff/test_actions.py) but not approve or
-decide a refund (403), the group's members may do both."""
+job; the portal answers staff the same way), staff without the `staff` group may look but
+not change what a customer receives (edit findings, render a version, the job actions),
+nor approve or decide a refund (403, and no button); the group's members may do all of it.
+Every URL and the admin's, walked by pattern, with a second factor required:
+tests/diagnostic/staff/test_access_door.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from django.test import Client
 
 from diagnostic.celery import app
-from diagnostic.jobs.models import DiagnosticJob
+from diagnostic.jobs.models import DiagnosticJob, FindingEdit, ReportVersion
 from reports.models import override_money_back
 from tests.diagnostic.conftest import Cast
 
@@ -26,43 +28,75 @@ LOOKING = [
     "/staff/jobs/{job}/timeline/",
     "/staff/jobs/{job}/log/preflight/",
     "/staff/jobs/{job}/log/preflight/?format=json&since=0",
-    "/staff/jobs/{job}/cancel/",
-    "/staff/jobs/{job}/rerun-report/",
-    "/staff/jobs/{job}/retry/?stage=reproduce",
     "/staff/lab/",
     "/staff/lab/sections/",
     "/staff/reports/{job}/",
 ]
-# Running the day: any staff member, after the confirmation page (LOOKING has those).
+# The confirmation pages of what changes what the customer receives: the group's.
+CONFIRMING = [
+    "/staff/jobs/{job}/cancel/",
+    "/staff/jobs/{job}/rerun-report/",
+    "/staff/jobs/{job}/retry/?stage=reproduce",
+    "/staff/jobs/{job}/resume/",
+    "/staff/jobs/{job}/move/",
+]
+# Running the day and writing the report: the `staff` group's.
 RUNNING_THE_DAY = ["/staff/jobs/{job}/cancel/", "/staff/jobs/{job}/retry/", "/staff/jobs/{job}/rerun-report/",
-                   "/staff/lab/refresh/", "/staff/reports/{job}/render/"]
+                   "/staff/reports/{job}/render/", "/staff/reports/{job}/findings/{finding}/"]
 ACTING = ["/staff/reports/{job}/approve/", "/staff/reports/{job}/money-back/",
           "/staff/reports/{job}/money-back/{override}/revert/"]
 
 
 def urls(paths: list[str], job: DiagnosticJob, override: int = 0) -> list[str]:
-    return [p.format(job=job.pk, override=override) for p in paths]
+    finding = job.finding_set.order_by("id").values_list("pk", flat=True).first()
+    return [p.format(job=job.pk, override=override, finding=finding) for p in paths]
 
 
 def test_every_staff_url_as_the_cast(cast: Cast, finished: DiagnosticJob, approver_client: Client) -> None:
-    for url in urls(LOOKING, finished):
+    DiagnosticJob.objects.filter(pk=finished.pk).update(status=DiagnosticJob.Status.HELD)  # resume, move
+    for url in urls(LOOKING + CONFIRMING, finished):
         anonymous = cast.anonymous.get(url)
         assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/"), url
         for customer in ("alice", "bob"):
             assert cast.client(customer).get(url).status_code == 404, (customer, url)
-        assert cast.client("staff").get(url).status_code == 200, url
+        looking = url in urls(LOOKING, finished)
+        assert cast.client("staff").get(url).status_code == (200 if looking else 403), url
         assert approver_client.get(url).status_code == 200, url
 
 
-def test_running_the_day_is_any_staff_members(cast: Cast, finished: DiagnosticJob, sim_state_dir: Any,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_running_the_day_is_the_groups(cast: Cast, finished: DiagnosticJob, sim_state_dir: Any,
+                                       approver_client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(app.conf, "task_always_eager", True)  # the report renders here, not on a broker
+    form = {"stage": "reproduce", "title": "Our own words", "narrative": "Said otherwise.", "note": ""}
     for url in urls(RUNNING_THE_DAY, finished):
-        anonymous = cast.anonymous.post(url, {"stage": "reproduce"})
+        anonymous = cast.anonymous.post(url, form)
         assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/"), url
-        assert cast.client("alice").post(url, {"stage": "reproduce"}).status_code == 404, url
-        done = cast.client("staff").post(url, {"stage": "reproduce"})
+        assert cast.client("alice").post(url, form).status_code == 404, url
+        kept = (FindingEdit.objects.count(), ReportVersion.objects.count())
+        assert cast.client("staff").post(url, form).status_code == 403, url
+        assert (FindingEdit.objects.count(), ReportVersion.objects.count()) == kept, url
+        done = approver_client.post(url, form)
         assert done.status_code == 302 and done["Location"].startswith("/staff/"), url
+
+
+def test_look_only_staff_cannot_edit_findings_or_render(cast: Cast, finished: DiagnosticJob) -> None:
+    """The attack: a staff member without the group posts new words for a finding, as the
+    member's form would, then asks for a new version. Both refused, nothing kept; the
+    review page shows the words without a form and offers no render button."""
+    finding = finished.finding_set.get(code="load.weights_io")
+    look_only = cast.client("staff")
+    edit = look_only.post(f"/staff/reports/{finished.pk}/findings/{finding.pk}/",
+                          {"title": "Nothing wrong here", "narrative": "All fine.", "note": "trust us"})
+    assert edit.status_code == 403
+    assert "Only the <code>staff</code> group may do this" in edit.content.decode()
+    render = look_only.post(f"/staff/reports/{finished.pk}/render/")
+    assert render.status_code == 403
+    assert not FindingEdit.objects.exists() and not ReportVersion.objects.exists()
+    finding.refresh_from_db()
+    assert finding.title == "Weights load from a slow disk"
+    page = look_only.get(f"/staff/reports/{finished.pk}/").content.decode()
+    assert "/findings/" not in page and 'id="render-version"' not in page and "Save the words" not in page
+    assert 'id="look-only"' in page and "The weights were read at 180 MB/s." in page
 
 
 def test_acting_needs_the_staff_group(cast: Cast, finished: DiagnosticJob, approver: Any) -> None:
@@ -106,3 +140,5 @@ def test_two_factor_when_required(cast: Cast, settings: Any, db: None) -> None:
     assert client.get("/staff/").status_code == 200
     # Customers are not offered a device.
     assert cast.client("alice").get("/staff/").status_code == 404
+    assert cast.client("alice").get("/staff/2fa/").status_code == 404
+    assert not TOTPDevice.objects.filter(user=cast.alice).exists()

@@ -82,6 +82,8 @@ MIDDLEWARE = [
     "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    # 400, naming the parameter, for NUL and other control characters in a path, query or form.
+    "diagnostic.controlchars.ControlCharacterMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # Marks a session whose user confirmed a TOTP code (request.user.is_verified()).
@@ -301,6 +303,9 @@ PORTAL_AUTO_APPROVE = envbool("PORTAL_AUTO_APPROVE", DEBUG)
 # (preflight, reproduce, report) always run.
 PORTAL_JOB_STAGES = envlist("PORTAL_JOB_STAGES", [])
 PORTAL_CALENDAR_DAYS = envint("PORTAL_CALENDAR_DAYS", 56, minimum=7)
+# One organisation holds at most this many upcoming lab days at once (not cancelled or
+# completed); the portal refuses another, naming the days it holds.
+BOOKING_MAX_OPEN_PER_ORG = envint("BOOKING_MAX_OPEN_PER_ORG", 3, minimum=1)
 # The job page asks for fresh stage states this often (milliseconds).
 PORTAL_POLL_MS = envint("PORTAL_POLL_MS", 3000, minimum=2000, maximum=5000)
 # Invitation links stop working after this many days (and after their first use).

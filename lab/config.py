@@ -105,7 +105,60 @@ TOP_FIELDS = ("schema", "engine", "model", "cluster", "parallel", "serving", "sp
 # What `launch_command` stands in for: a file giving both is ambiguous.
 COMMAND_FIELDS = ("model", "parallel", "serving", "speculative", "env", "extra_args")
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# fullmatch, not match with $: "$" also matches before a final newline ("NCCL_DEBUG\n").
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Characters no single value may hold (a name, a path, an argv token, an env value): the
+# C0 controls (NUL, tab, newline, carriage return, escape, ...), DEL and the C1 controls
+# (Unicode category Cc), lone surrogates (Cs: not text in any encoding, so neither the
+# database nor a node's argv can take them) and the line and paragraph separators (Zl, Zp),
+# which some readers take for a newline. A value crosses into an argv, an environment, a
+# log line and a database row: in any of them such a character splits, hides or breaks it.
+CONTROL_CATEGORIES = ("Cc", "Cs", "Zl", "Zp")
+# What a whole pasted command may hold besides printable text: its lines and their indents.
+COMMAND_WHITESPACE = "\t\n\r"
+_CONTROL_NAMES = {"\x00": "NUL", "\t": "a tab", "\n": "a newline", "\r": "a carriage return",
+                  "\x1b": "escape", "\x7f": "DEL", "\x85": "a next-line character",
+                  "\u2028": "a line separator", "\u2029": "a paragraph separator"}
+CONTROL_ACCEPTED = ("use printable text on one line: no NUL, tab, newline or other "
+                    "control character")
+
+
+# Exactly the characters of CONTROL_CATEGORIES (Cc: U+0000-U+001F and U+007F-U+009F; Cs;
+# Zl; Zp), as one pattern: a 64 KiB file is searched at C speed.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def control_character(text: str, *, allowed: str = "") -> tuple[int, str] | None:
+    """The first control character of `text` (its index and the character), or None.
+    `allowed` lists the control characters that may stay (COMMAND_WHITESPACE)."""
+    for found in _CONTROL.finditer(text):
+        if found.group() not in allowed:
+            return found.start(), found.group()
+    return None
+
+
+def control_name(char: str) -> str:
+    """A control character as a message names it: "U+0000, NUL", "U+0001"."""
+    name = _CONTROL_NAMES.get(char)
+    return f"U+{ord(char):04X}" + (f", {name}" if name else "")
+
+
+def control_problem(text: str, *, allowed: str = "") -> str | None:
+    """Why `text` cannot be a value, naming the control character and where it is; None
+    when it holds none."""
+    found = control_character(text, allowed=allowed)
+    if found is None:
+        return None
+    index, char = found
+    return f"holds a control character ({control_name(char)}) at character {index + 1}"
+
+
+def _no_control(text: str, field: str) -> str:
+    problem = control_problem(text)
+    if problem is not None:
+        raise _fail(field, f"{shown(text)} {problem}; {CONTROL_ACCEPTED}")
+    return text
 
 # The engine environment a configuration may set: the families of variables that tune the
 # engines and their communication libraries, which is what the diagnostic reads and
@@ -222,9 +275,7 @@ def _text(value: Any, field: str) -> str:
         raise _fail(field, f"must be a non-empty string, got {shown(value)}")
     if len(value) > MAX_TEXT_CHARS:
         raise _fail(field, f"is {len(value)} characters; the limit is {MAX_TEXT_CHARS}")
-    if any(c in value for c in "\x00\n\r"):
-        raise _fail(field, f"{shown(value)} contains a control character")
-    return value
+    return _no_control(value, field)
 
 
 def _argument(value: Any, field: str) -> str:
@@ -377,7 +428,7 @@ def _env(raw: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in raw.items():
         field = f"env.{_key(key)}"
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
             raise _fail(field, "is not a valid environment variable name "
                                "(letters, digits and _, not starting with a digit)")
         problem = env_name_problem(key)
@@ -392,23 +443,32 @@ def _env(raw: Any) -> dict[str, str]:
                                    "or a string")
             out[key] = str(value)
         elif isinstance(value, str):
-            if any(c in value for c in "\x00\n\r"):
-                raise _fail(field, f"{shown(value)} contains a control character")
             if len(value) > MAX_ENV_VALUE_CHARS:
                 raise _fail(field, f"is {len(value)} characters; the limit is "
                                    f"{MAX_ENV_VALUE_CHARS}")
-            out[key] = value
+            out[key] = _no_control(value, field)
         else:
             raise _fail(field, f"{shown(value)} is not accepted; use a string, number or true/false")
     return dict(sorted(out.items()))
 
 
 def _extra_args(raw: Any) -> list[str]:
-    """The shape only: which flags an engine takes is lab.engines' to check."""
+    """The shape, and that each token is one line of printable text: which flags an engine
+    takes is lab.engines' to check. A newline in a token would reach the engine's argv."""
     if raw is None:
         return []
     if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
         raise _fail("extra_args", f"must be a list of strings (one per argv token), got {shown(raw)}")
+    for index, token in enumerate(raw):
+        problem = control_problem(token)
+        if problem is None:
+            continue
+        # Name the flag the token belongs to: a pasted command's customer never wrote
+        # `extra_args`, only `--flag value` or `--flag=value`.
+        flag = token.partition("=")[0] if token.startswith("-") else \
+            raw[index - 1] if index and raw[index - 1].startswith("-") else ""
+        whose = f" (the value of {shown(flag)})" if flag and flag != token else ""
+        raise _fail(f"extra_args[{index}]", f"{shown(token)}{whose} {problem}; {CONTROL_ACCEPTED}")
     return list(raw)
 
 
@@ -486,6 +546,11 @@ def launch_command_text(data: Mapping[str, Any]) -> str:
     if len(command) > MAX_COMMAND_CHARS:
         raise _fail("launch_command", f"is {len(command)} characters; the limit is "
                                       f"{MAX_COMMAND_CHARS}")
+    problem = control_problem(command, allowed=COMMAND_WHITESPACE)
+    if problem is not None:
+        raise _fail("launch_command", f"{problem}; paste the command as plain text (lines, "
+                                      "spaces and tabs, no NUL, escape or other control "
+                                      "character)")
     return command
 
 

@@ -14,15 +14,73 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from diagnostic.bookings.models import Booking, ClusterConfiguration
-from lab.config import ConfigError
+from lab.config import (
+    COMMAND_WHITESPACE,
+    CONTROL_ACCEPTED,
+    ConfigError,
+    control_character,
+    control_name,
+    control_problem,
+    shown,
+)
 from lab.engines import load_config_text, normalize_config
 
 CONFIG_SCHEMA = "diagnostic.config/1"
 Source = ClusterConfiguration.Source
+# How each source's text is named in its messages.
+TEXT_NAMES: dict[str, str] = {Source.YAML: "file", Source.COMMAND: "launch_command", Source.FORM: "form data"}
+
+
+def text_control_problem(text: str, name: str) -> str | None:
+    """Why a submitted text cannot be kept: the line and column of its first control
+    character (lines and tabs are the text's own), or None."""
+    found = control_character(text, allowed=COMMAND_WHITESPACE)
+    if found is None:
+        return None
+    index, char = found
+    line = text.count("\n", 0, index) + 1
+    column = index - (text.rfind("\n", 0, index) + 1) + 1
+    return (f"{name}: line {line}, column {column} holds a control character ({control_name(char)}); "
+            "give plain text: lines, spaces and tabs, no NUL, escape or other control character")
+
+
+def _control_in(value: Any, path: str) -> str | None:
+    """The first string of a normalized configuration (keys included) that holds a control
+    character, as a message naming its field; None when there is none."""
+    if isinstance(value, str):
+        problem = control_problem(value)
+        return None if problem is None else f"{path}: {shown(value)} {problem}; {CONTROL_ACCEPTED}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _control_in(key, path or "config") if isinstance(key, str) else None
+            found = found or _control_in(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _control_in(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
 
 
 def normalize_submission(raw_text: str, source: str) -> dict[str, Any]:
-    """The normalized configuration for `raw_text`, or ValidationError naming the field."""
+    """The normalized configuration for `raw_text`, or ValidationError naming the field.
+
+    No control character is kept: the text may hold lines and tabs only, and no value of
+    the configuration any (lab.config refuses them field by field; this checks the
+    result again, since it is stored and reaches the lab's argv and environment)."""
+    problem = text_control_problem(raw_text, TEXT_NAMES.get(source, "raw_text"))
+    if problem is not None:
+        raise ValidationError({"raw_text": problem}, code="control_character")
+    normalized = _normalize(raw_text, source)
+    problem = _control_in(normalized, "")
+    if problem is not None:
+        raise ValidationError({"raw_text": problem}, code="control_character")
+    return normalized
+
+
+def _normalize(raw_text: str, source: str) -> dict[str, Any]:
     try:
         if source == Source.YAML:
             return load_config_text(raw_text)

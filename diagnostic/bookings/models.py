@@ -203,6 +203,15 @@ class NotAMember(BookingRefused):
     """The user does not belong to the organisation the booking would be for."""
 
 
+class OutsideCalendar(BookingRefused):
+    """The day is not one the portal's calendar offers: too soon to book, in the past, or
+    further ahead than the calendar reaches."""
+
+
+class QuotaReached(BookingRefused):
+    """The organisation already holds as many upcoming lab days as one may hold at once."""
+
+
 class Booking(models.Model):
     """A customer's booking of one lab day. At most one booking that is not cancelled
     exists per day; the database enforces it, so concurrent requests cannot both win."""
@@ -296,13 +305,108 @@ def cancel_waiting_jobs(
     )
 
 
-def book_lab_day(*, lab_day: LabDay, customer: Any, organisation: Organisation | None = None) -> Booking:
+# -- what a customer may book: the calendar's days, a few at a time ---------------------
+def max_open_bookings() -> int:
+    """How many upcoming lab days one organisation may hold at once (BOOKING_MAX_OPEN_PER_ORG)."""
+    return int(settings.BOOKING_MAX_OPEN_PER_ORG)
+
+
+def first_bookable_date(now: dt.datetime | None = None) -> dt.date:
+    """The earliest date still outside the change cutoff (a booking made later could not
+    be cancelled, so the calendar does not offer it); today with BOOKING_SAME_DAY on."""
+    moment = timezone.localtime(now or timezone.now())
+    if settings.BOOKING_SAME_DAY:
+        return moment.date()
+    earliest = moment + dt.timedelta(hours=settings.BOOKING_CHANGE_CUTOFF_H)
+    day = earliest.date()
+    return day if earliest.time() == dt.time.min else day + dt.timedelta(days=1)
+
+
+def calendar_end(first: dt.date) -> dt.date:
+    """The day after the calendar's last: PORTAL_CALENDAR_DAYS from the Monday of `first`'s
+    week, rounded up to whole weeks, as the portal lays it out."""
+    monday = first - dt.timedelta(days=first.weekday())
+    days = int(settings.PORTAL_CALENDAR_DAYS)
+    return monday + dt.timedelta(days=days + (7 - days % 7) % 7)
+
+
+def booking_window(now: dt.datetime | None = None) -> tuple[dt.date, dt.date]:
+    """The dates a customer may book or move a booking to: [first, end)."""
+    first = first_bookable_date(now)
+    return first, calendar_end(first)
+
+
+def _day_words(date: dt.date) -> str:
+    return f"{date:%A} {date.day} {date:%B %Y}"
+
+
+def check_in_calendar(lab_day: LabDay, now: dt.datetime | None = None) -> None:
+    """OutsideCalendar, saying why, unless the calendar offers `lab_day`'s date."""
+    first, end = booking_window(now)
+    date = lab_day.date
+    if date < timezone.localdate(now or timezone.now()):
+        raise OutsideCalendar(f"{_day_words(date)} is in the past; choose a day on the calendar.")
+    if date < first:
+        raise OutsideCalendar(
+            f"{_day_words(date)} is too soon to book: a booking can be changed until "
+            f"{settings.BOOKING_CHANGE_CUTOFF_H} hours before its day, so the first day you can book "
+            f"is {_day_words(first)}."
+        )
+    if date >= end:
+        last = end - dt.timedelta(days=1)
+        raise OutsideCalendar(
+            f"{_day_words(date)} is further ahead than the booking calendar reaches: lab days can be "
+            f"booked up to {_day_words(last)}. Choose a day on the calendar."
+        )
+
+
+def open_bookings(organisation: Organisation, now: dt.datetime | None = None) -> models.QuerySet[Booking]:
+    """The organisation's bookings that hold a lab day still to come (not cancelled, not
+    completed): what the BOOKING_MAX_OPEN_PER_ORG quota counts."""
+    today = timezone.localdate(now or timezone.now())
+    return Booking.objects.filter(
+        organisation=organisation,
+        status__in=(Booking.Status.REQUESTED, Booking.Status.CONFIRMED),
+        lab_day__date__gte=today,
+    )
+
+
+def check_quota(organisation: Organisation, now: dt.datetime | None = None) -> None:
+    """QuotaReached, naming the days held, when the organisation holds its most already."""
+    limit = max_open_bookings()
+    held = list(
+        open_bookings(organisation, now).order_by("lab_day__date").values_list("lab_day__date", flat=True)
+    )
+    if len(held) >= limit:
+        days = ", ".join(f"{d:%a} {d.day} {d:%b}" for d in held[:6]) + (", ..." if len(held) > 6 else "")
+        raise QuotaReached(
+            f"Your organisation already holds {len(held)} upcoming lab {'day' if len(held) == 1 else 'days'} "
+            f"({days}), and an organisation may hold at most {limit} at a time. Cancel one of them, "
+            "or book again once one has taken place."
+        )
+
+
+def book_lab_day(
+    *,
+    lab_day: LabDay,
+    customer: Any,
+    organisation: Organisation | None = None,
+    limits: bool = False,
+    now: dt.datetime | None = None,
+) -> Booking:
     """Book `lab_day` for `customer` (a user) on behalf of `organisation` (theirs when not
     given). Raises NotAMember for a user outside that organisation, BookingRefused for a
     closed day and LabDayTaken when someone else holds it.
 
-    The unique constraint decides between concurrent requests; this only translates its
-    verdict into an error a person can act on.
+    With `limits` (the portal's bookings: what a customer asks for), also the customer's
+    rules: OutsideCalendar for a day the calendar does not offer, QuotaReached when the
+    organisation already holds BOOKING_MAX_OPEN_PER_ORG upcoming days. The quota is
+    counted under a lock on the organisation's row, so concurrent requests of one
+    organisation are counted one after the other. Without `limits` (the demo, tests, the
+    firm's own tooling) any day may be booked.
+
+    The unique constraint decides between concurrent requests for one day; this only
+    translates its verdict into an error a person can act on.
     """
     member_of = organisation_of(customer)
     if organisation is None:
@@ -313,8 +417,13 @@ def book_lab_day(*, lab_day: LabDay, customer: Any, organisation: Organisation |
         raise NotAMember(f"user {customer} is not a member of {organisation}")
     if lab_day.closed:
         raise BookingRefused(f"{lab_day} is closed; choose another day")
+    if limits:
+        check_in_calendar(lab_day, now)
     try:
         with transaction.atomic():
+            if limits:
+                Organisation.objects.select_for_update().get(pk=organisation.pk)
+                check_quota(organisation, now)
             return Booking.objects.create(lab_day=lab_day, customer=customer, organisation=organisation)
     except IntegrityError:
         if Booking.objects.filter(lab_day=lab_day).exclude(status=Booking.Status.CANCELLED).exists():
@@ -355,12 +464,20 @@ def cancel_booking(*, booking: Booking, now: dt.datetime | None = None) -> Booki
 
 def reschedule_booking(*, booking: Booking, lab_day: LabDay, now: dt.datetime | None = None) -> Booking:
     """Move a booking to another free day before the cutoff (of the old day); the new day
-    must itself be at least the cutoff away. LabDayTaken when the new day went meanwhile."""
+    must itself be at least the cutoff away, and on the calendar (OutsideCalendar beyond
+    it). LabDayTaken when the new day went meanwhile."""
     if lab_day.closed:
         raise BookingRefused(f"{lab_day} is closed; choose another day")
     moment = now or timezone.now()
     if moment >= lab_day.starts_at - dt.timedelta(hours=settings.BOOKING_CHANGE_CUTOFF_H):
         raise BookingRefused(f"{lab_day} is too soon to move to; choose a later day")
+    end = calendar_end(first_bookable_date(moment))
+    if lab_day.date >= end:
+        last = end - dt.timedelta(days=1)
+        raise OutsideCalendar(
+            f"{_day_words(lab_day.date)} is further ahead than the booking calendar reaches: a booking "
+            f"can be moved to a day up to {_day_words(last)}. Choose a day on the calendar."
+        )
     try:
         with transaction.atomic():
             locked = Booking.objects.select_for_update().get(pk=booking.pk)

@@ -20,7 +20,7 @@ from diagnostic.bookings.models import (
     cancel_booking,
     reschedule_booking,
 )
-from diagnostic.portal.calendar import CalendarDay, is_bookable_now, lab_calendar
+from diagnostic.portal.calendar import CalendarDay, lab_calendar
 from diagnostic.portal.scoping import (
     bookings_for_customer,
     customer_required,
@@ -50,11 +50,15 @@ def book(request: HttpRequest) -> HttpResponse:
     status = 200
     if request.method == "POST":
         lab_day = _chosen_day(request)
-        if lab_day is None or not is_bookable_now(lab_day):
+        if lab_day is None:
             problem, status = "That day cannot be booked; choose an available day.", 400
         else:
             try:
-                booking = book_lab_day(lab_day=lab_day, customer=request.user, organisation=organisation)
+                # The customer's rules (the calendar's days, the organisation's quota) are
+                # the domain's, which says why it refuses.
+                booking = book_lab_day(
+                    lab_day=lab_day, customer=request.user, organisation=organisation, limits=True
+                )
             except LabDayTaken:
                 problem = (
                     f"{lab_day.date:%A %d %B %Y} was just taken by another customer; choose another day."

@@ -6,10 +6,14 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from django.conf import settings
-from django.utils import timezone
-
-from diagnostic.bookings.models import Booking, LabDay, Organisation
+from diagnostic.bookings.models import (
+    Booking,
+    LabDay,
+    Organisation,
+    booking_window,
+    calendar_end,
+    first_bookable_date,
+)
 
 
 @dataclass(frozen=True)
@@ -44,23 +48,12 @@ STATE_WORDS = {"yours": "yours", "booked": "booked", "closed": "closed", "soon":
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
-def first_bookable_date(now: dt.datetime | None = None) -> dt.date:
-    """The earliest date still outside the change cutoff (a booking made later could not
-    be cancelled, so the calendar does not offer it); today with BOOKING_SAME_DAY on."""
-    moment = timezone.localtime(now or timezone.now())
-    if settings.BOOKING_SAME_DAY:
-        return moment.date()
-    earliest = moment + dt.timedelta(hours=settings.BOOKING_CHANGE_CUTOFF_H)
-    day = earliest.date()
-    return day if earliest.time() == dt.time.min else day + dt.timedelta(days=1)
-
-
 def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) -> list[list[CalendarDay]]:
     """Weeks (Monday first) from `start`'s week over PORTAL_CALENDAR_DAYS days."""
     first = start or first_bookable_date()
     monday = first - dt.timedelta(days=first.weekday())
-    days = settings.PORTAL_CALENDAR_DAYS
-    end = monday + dt.timedelta(days=days + (7 - days % 7) % 7)
+    # The same end the bookings domain refuses days beyond (booking_window).
+    end = calendar_end(first)
     lab_days = {
         date: (pk, closed)
         for pk, date, closed in LabDay.objects.filter(date__gte=monday, date__lt=end).values_list(
@@ -97,4 +90,7 @@ def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) ->
 
 
 def is_bookable_now(lab_day: LabDay) -> bool:
-    return not lab_day.closed and lab_day.date >= first_bookable_date()
+    """The calendar offers the day: open, outside the cutoff and not beyond the calendar's
+    end (book_lab_day with limits says which, when not)."""
+    first, end = booking_window()
+    return not lab_day.closed and first <= lab_day.date < end

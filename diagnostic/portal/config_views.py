@@ -10,13 +10,14 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import DataError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import Booking, cancel_waiting_jobs
+from diagnostic.controlchars import checks_control_characters
 from diagnostic.jobs.orchestration import create_job
 from diagnostic.portal.jobrun import start_job
 from diagnostic.portal.scoping import customer_required, get_booking_for_customer
@@ -142,6 +143,10 @@ def _open_job(booking: Booking) -> Any:
     return booking.jobs.exclude(status="cancelled").order_by("-created_at").first()
 
 
+# The configuration's own inputs are checked by the configuration layer, which refuses a
+# control character beside its input and keeps what the customer wrote; the middleware
+# (diagnostic.controlchars) checks the page's other fields.
+@checks_control_characters("command", "yaml_text", *(input_name(d) for d, _ in STRUCTURED_FIELDS))
 @customer_required
 @require_http_methods(["GET", "POST"])
 def booking_config(request: HttpRequest, booking_id: str) -> HttpResponse:
@@ -174,6 +179,7 @@ def booking_config(request: HttpRequest, booking_id: str) -> HttpResponse:
 
 
 def _confirm(request: HttpRequest, booking: Booking, submission: Submission) -> HttpResponse:
+    refused: list[str] = []
     with transaction.atomic():
         locked = Booking.objects.select_for_update().get(pk=booking.pk)
         existing = _open_job(locked)
@@ -185,26 +191,39 @@ def _confirm(request: HttpRequest, booking: Booking, submission: Submission) -> 
             cancel_waiting_jobs(locked, reason="replaced by a new configuration before the lab day",
                                 only=existing.pk)
         try:
-            config = submit_configuration(
-                raw_text=submission.raw_text,
-                source=submission.source,
-                booking=locked,
-                submitted_by=request.user,
-                label=f"{locked.lab_day.date.isoformat()} {submission.source}",
-            )
+            # A savepoint of its own, so that a value the database refuses (DataError) after
+            # the checks let it through is an answer, not a 500.
+            with transaction.atomic():
+                config = submit_configuration(
+                    raw_text=submission.raw_text,
+                    source=submission.source,
+                    booking=locked,
+                    submitted_by=request.user,
+                    label=f"{locked.lab_day.date.isoformat()} {submission.source}",
+                )
         except ValidationError as exc:
-            return _page(request, booking, _kept(request), {NON_FIELD: list(exc.messages)}, status=400)
-        job = create_job(
-            config=config,
-            lab=locked.lab_day.lab,
-            booking=locked,
-            created_by=request.user,
-            stages=settings.PORTAL_JOB_STAGES or None,
-        )
-        if locked.status == Booking.Status.REQUESTED:
-            locked.status = Booking.Status.CONFIRMED
-            locked.save(update_fields=["status", "updated_at"])
-        started = start_job(job)
+            refused = list(exc.messages)
+        except DataError:
+            refused = ["the configuration holds a value the database cannot store; remove unusual "
+                       "characters (NUL, control characters) and confirm again"]
+        if refused:
+            # Nothing of this confirmation stays (the waiting job it would replace included);
+            # the page is drawn once the transaction is over.
+            transaction.set_rollback(True)
+        else:
+            job = create_job(
+                config=config,
+                lab=locked.lab_day.lab,
+                booking=locked,
+                created_by=request.user,
+                stages=settings.PORTAL_JOB_STAGES or None,
+            )
+            if locked.status == Booking.Status.REQUESTED:
+                locked.status = Booking.Status.CONFIRMED
+                locked.save(update_fields=["status", "updated_at"])
+            started = start_job(job)
+    if refused:
+        return _page(request, booking, _kept(request), {NON_FIELD: refused}, status=400)
     if started:
         messages.success(request, "Configuration confirmed; the diagnostic is queued. This page follows it.")
     else:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from django.core.exceptions import ValidationError
 
-from diagnostic.bookings.configs import form_text, normalize_submission
+from diagnostic.bookings.configs import form_text, normalize_submission, text_control_problem
 from diagnostic.bookings.models import ClusterConfiguration, Lab
 from lab.config import ConfigError
 from lab.engines import render
@@ -188,11 +188,16 @@ def yaml_text_from_upload(content: bytes) -> str:
             {"yaml_text": [f"file: is {len(content)} bytes; the limit is {YAML_MAX_BYTES}"]}
         )
     try:
-        return content.decode("utf-8")
+        text = content.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SubmissionError(
             {"yaml_text": [f"file: is not UTF-8 text (byte {exc.start} cannot be decoded); save it as UTF-8"]}
         ) from None
+    # Refused here, before the text is shown again in the page's text box.
+    problem = text_control_problem(text, "file")
+    if problem is not None:
+        raise SubmissionError({"yaml_text": [problem]})
+    return text
 
 
 def from_yaml(text: str) -> Submission:

@@ -78,6 +78,16 @@ class Catalog:
         cleaned = clean_path(path)
         return cleaned is not None and cleaned.startswith(self.models_dir.rstrip("/") + "/")
 
+    def owner_of(self, path: str) -> CatalogModel | None:
+        """The catalog model whose folder holds `path` (or that `path` names), if any."""
+        named = self.model(path)
+        if named is not None:
+            return named
+        cleaned = clean_path(path)
+        if cleaned is None:
+            return None
+        return next((m for m in self.models if cleaned.startswith(m.path.rstrip("/") + "/")), None)
+
     def describe(self) -> str:
         return ", ".join(m.describe() for m in self.models)
 

@@ -119,12 +119,36 @@ CHECKS: dict[str, Callable[[str, Any, CatalogModel, Catalog], None]] = {
 }
 
 
+# What else a configuration loads files from, with its own code once remote code is on.
+CODE_SOURCES = ("tokenizer", "generation_config")
+
+
+def _reviewed_source(flag: str, value: Any, model: CatalogModel, catalog: Catalog) -> None:
+    """With --trust-remote-code, a tokenizer or generation config from another model's
+    files runs that model's code: it must be the served model's own, or a model the
+    catalog marks as reviewed."""
+    if str(value) in GENERATION_CONFIG_WORDS:
+        return
+    owner = catalog.owner_of(str(value))
+    if owner is not None and (owner == model or owner.remote_code):
+        return
+    whose = f"{owner.id}, whose code is not reviewed" if owner else "no model of the catalog"
+    raise _refuse(flag, f"{shown(value)} with --trust-remote-code would run the code of {whose}; "
+                        f"with remote code on, every file loaded must be {model.id}'s own or a "
+                        "reviewed model's")
+
+
 def admit(config: Mapping[str, Any], engine: Engine, catalog: Catalog) -> None:
     """ConfigError unless everything `config` makes a node load is in `catalog`. `config`
-    is normalized and its extra_args already checked to be known pass-through flags."""
+    is normalized and its extra_args already checked to be known pass-through flags.
+    Remote code is judged on every file the configuration loads, not the served model's
+    alone."""
     model = served_model(config, catalog)
     _draft(config, model)
     parsed = engine.table.parse(config["extra_args"])
+    remote = any(flag.loads == "remote_code" and value for flag, value in parsed.passthrough_flags)
     for flag, value in parsed.passthrough_flags:
         if flag.loads:
             CHECKS[flag.loads](flag.canonical, value, model, catalog)
+        if remote and flag.loads in CODE_SOURCES:
+            _reviewed_source(flag.canonical, value, model, catalog)

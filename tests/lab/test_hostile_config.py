@@ -173,6 +173,22 @@ def test_remote_code_is_refused_for_a_model_the_catalog_does_not_mark(
                       "--trust-remote-code")
 
 
+@pytest.mark.parametrize("extra", [
+    ["--trust-remote-code", "--tokenizer", "/models/other-model"],
+    ["--trust-remote-code", "--tokenizer", "/models/kimi-k2-eagle3/tokenizer"],
+    ["--trust-remote-code", "--generation-config", "/models/unreviewed"],
+])
+def test_remote_code_is_judged_on_every_file_the_configuration_loads(extra: list[str]) -> None:
+    # A tokenizer or generation config from another model's files would run that model's
+    # code under --trust-remote-code: only the served model's own or a reviewed model's.
+    with pytest.raises(ConfigError) as info:
+        normalize_config({**reference(), "extra_args": extra})
+    assert info.value.field == "extra_args"
+    assert "--trust-remote-code would run the code of" in info.value.problem
+    # Without remote code the same file is only read, and the lab holds it.
+    assert normalize_config({**reference(), "extra_args": extra[1:]})
+
+
 def test_what_the_lab_holds_is_accepted() -> None:
     config = normalize_config({
         **reference(),

@@ -22,7 +22,7 @@ from diagnostic.bookings.configs import form_text, normalize_submission, text_co
 from diagnostic.bookings.models import ClusterConfiguration, Lab
 from lab.config import ConfigError
 from lab.engines import render
-from lab.inventory import InventoryError, Node, load_inventory
+from lab.inventory import Node
 
 Source = ClusterConfiguration.Source
 YAML_MAX_BYTES = 64 * 1024
@@ -216,8 +216,8 @@ def from_command(text: str) -> Submission:
 
 # -- the preview -------------------------------------------------------------------------
 def _placeholder_nodes(count: int) -> list[Node]:
-    """Stand-ins for the lab's nodes when its inventory is not at hand: the command is the
-    same but for the node addresses."""
+    """Stand-ins for the lab's nodes: the command is the same but for the node addresses,
+    which are the lab's business."""
     return [
         Node(
             name=f"node-{i + 1:02d}",
@@ -239,18 +239,12 @@ def _placeholder_nodes(count: int) -> list[Node]:
     ]
 
 
-def launch_preview(normalized: Mapping[str, Any], lab: Lab) -> str:
-    """The head node's launch command the lab will reproduce this configuration with."""
-    nodes: list[Node] | None = None
-    path = lab.inventory_path()
-    if path.exists():
-        try:
-            nodes = list(load_inventory(path).nodes)
-        except (InventoryError, OSError):
-            nodes = None
+def launch_preview(normalized: Mapping[str, Any], lab: Lab | None = None) -> str:
+    """The head node's launch command the lab will reproduce this configuration with, as
+    the customer would write it on their own nodes: node addresses and ports are stand-ins,
+    never the lab's (its inventory's hosts, data addresses and API port stay internal)."""
     wanted = int(normalized["parallel"]["tp"]) * int(normalized["parallel"]["pp"])
-    if nodes is None or len(nodes) < wanted:
-        nodes = _placeholder_nodes(max(wanted, int(normalized["cluster"]["nodes"])))
+    nodes = _placeholder_nodes(max(wanted, int(normalized["cluster"]["nodes"])))
     head = render(normalized, nodes)[0]
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(head["env"].items()))
     command = shlex.join(head["argv"])

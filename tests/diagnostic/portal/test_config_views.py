@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from diagnostic.bookings.models import Booking, LabDay, book_lab_day
+from diagnostic.bookings.models import Booking, Lab, LabDay, book_lab_day
 from diagnostic.jobs.models import DiagnosticJob
 from tests.diagnostic.conftest import Cast
 
@@ -164,3 +165,22 @@ def test_the_page_marks_the_token_where_the_customer_wrote_it(cast: Cast, bookin
         '<pre class="code marked" id="command-mark">'
         "  --tensor-parallel-size 8 <mark>--no-such-flag</mark> \\</pre>" in page
     )
+
+
+def test_the_preview_shows_none_of_the_labs_addresses_or_ports(
+    cast: Cast, booking: Booking, tmp_path: Any
+) -> None:
+    # The lab's inventory names its hosts, data addresses and API port: the preview is the
+    # customer's command as they would write it, with stand-ins, never those.
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({
+        "schema": "lab.inventory/1", "name": "private", "known_hosts": "/dev/null",
+        "nodes": [{"name": f"spark-{i:02d}", "host": f"10.77.0.{i}", "port": 22, "api_port": 18123,
+                   "data_addr": f"192.168.77.{i}", "role": "head" if i == 1 else "worker"}
+                  for i in range(1, 9)]}))
+    Lab.objects.filter(pk=booking.lab_day.lab_id).update(inventory=str(inventory))
+    response = post(cast, booking, {"source": "command", "command": COMMAND, "action": "preview"})
+    shown = response.content.decode().split('id="launch-command">')[1].split("</pre>")[0]
+    assert "--tensor-parallel-size 8" in shown
+    for private in ("10.77.0.", "192.168.77.", "18123", "spark-0"):
+        assert private not in shown, private

@@ -27,6 +27,9 @@ from lab.inventory import Node
 Source = ClusterConfiguration.Source
 YAML_MAX_BYTES = 64 * 1024
 COMMAND_MAX_CHARS = 16 * 1024
+# A structured form's one-line inputs, and its environment box (one NAME=value a line).
+FIELD_MAX_CHARS = 500
+ENV_MAX_CHARS = 16 * 1024
 NON_FIELD = "__all__"
 
 
@@ -110,6 +113,9 @@ def structured_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     document: dict[str, Any] = {}
     for dotted, kind in STRUCTURED_FIELDS:
         raw = data.get(input_name(dotted))
+        limit = ENV_MAX_CHARS if kind == "env" else FIELD_MAX_CHARS
+        if raw is not None and len(str(raw)) > limit:
+            raise ConfigError(dotted, f"is {len(str(raw)):,} characters long; the limit is {limit:,}")
         if kind == "bool":
             value: Any = raw in ("on", "true", "1", True)
         elif raw is None or not str(raw).strip():

@@ -184,3 +184,17 @@ def test_the_preview_shows_none_of_the_labs_addresses_or_ports(
     assert "--tensor-parallel-size 8" in shown
     for private in ("10.77.0.", "192.168.77.", "18123", "spark-0"):
         assert private not in shown, private
+
+
+@pytest.mark.parametrize(("name", "size", "limit"), [("env", 2 * 1024 * 1024, "16,384"),
+                                                     ("model__path", 10_000, "500"),
+                                                     ("engine__version", 600, "500")])
+def test_an_oversized_form_field_is_refused_beside_it_with_the_limit(
+    cast: Cast, booking: Booking, name: str, size: int, limit: str
+) -> None:
+    value = "A=" + "x" * size if name == "env" else "x" * size
+    response = post(cast, booking, {"source": "form", **FORM, name: value, "action": "preview"})
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert f"the limit is {limit}" in page
+    assert DiagnosticJob.objects.count() == 0

@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import DataError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from diagnostic.bookings.configs import submit_configuration
@@ -178,35 +179,50 @@ def booking_config(request: HttpRequest, booking_id: str) -> HttpResponse:
     return render(request, "portal/config_preview.html", context)
 
 
+def _store(request: HttpRequest, booking: Booking, submission: Submission) -> tuple[list[str], Any]:
+    """The submission stored as the booking's configuration, or why the database refused it."""
+    try:
+        # A savepoint of its own, so that a value the database refuses (DataError) after
+        # the checks let it through is an answer, not a 500.
+        with transaction.atomic():
+            return [], submit_configuration(
+                raw_text=submission.raw_text,
+                source=submission.source,
+                booking=booking,
+                submitted_by=request.user,
+                label=f"{booking.lab_day.date.isoformat()} {submission.source}",
+            )
+    except ValidationError as exc:
+        return list(exc.messages), None
+    except DataError:
+        return ["the configuration holds a value the database cannot store; remove unusual "
+                "characters (NUL, control characters) and confirm again"], None
+
+
 def _confirm(request: HttpRequest, booking: Booking, submission: Submission) -> HttpResponse:
     refused: list[str] = []
+    meanwhile: Any = None
     with transaction.atomic():
         locked = Booking.objects.select_for_update().get(pk=booking.pk)
         existing = _open_job(locked)
         if existing is not None:
             replaces = request.POST.get("replaces", "")
-            if not (existing.waits_for_lab_day() and replaces == str(existing.pk)):
+            repeated = (existing.config.raw_text == submission.raw_text
+                        and existing.config.submitted_by_id == request.user.pk)
+            if replaces and replaces != str(existing.pk) and existing.waits_for_lab_day() and not repeated:
+                # Another confirmation replaced the configuration this one replaces: the
+                # customer is told (409), not silently dropped, and keeps their text. (The
+                # same confirmation sent twice is a double click: it goes to the job below.)
+                meanwhile = existing
+            elif not (existing.waits_for_lab_day() and replaces == str(existing.pk)):
                 # A second confirm (double click, two tabs) adds nothing.
                 return redirect("portal:job", job_id=existing.pk)
-            cancel_waiting_jobs(locked, reason="replaced by a new configuration before the lab day",
-                                only=existing.pk)
-        try:
-            # A savepoint of its own, so that a value the database refuses (DataError) after
-            # the checks let it through is an answer, not a 500.
-            with transaction.atomic():
-                config = submit_configuration(
-                    raw_text=submission.raw_text,
-                    source=submission.source,
-                    booking=locked,
-                    submitted_by=request.user,
-                    label=f"{locked.lab_day.date.isoformat()} {submission.source}",
-                )
-        except ValidationError as exc:
-            refused = list(exc.messages)
-        except DataError:
-            refused = ["the configuration holds a value the database cannot store; remove unusual "
-                       "characters (NUL, control characters) and confirm again"]
-        if refused:
+            else:
+                cancel_waiting_jobs(locked, reason="replaced by a new configuration before the lab day",
+                                    only=existing.pk)
+        if meanwhile is None:
+            refused, config = _store(request, locked, submission)
+        if refused or meanwhile is not None:
             # Nothing of this confirmation stays (the waiting job it would replace included);
             # the page is drawn once the transaction is over.
             transaction.set_rollback(True)
@@ -222,6 +238,15 @@ def _confirm(request: HttpRequest, booking: Booking, submission: Submission) -> 
                 locked.status = Booking.Status.CONFIRMED
                 locked.save(update_fields=["status", "updated_at"])
             started = start_job(job)
+    if meanwhile is not None:
+        by = meanwhile.config.submitted_by
+        who = (getattr(by, "email", "") or getattr(by, "username", "")) if by is not None else "someone"
+        when = timezone.localtime(meanwhile.config.created_at)
+        values = {**_kept(request), "replaces": str(meanwhile.pk)}
+        return _page(request, booking, values, {NON_FIELD: [
+            f"Replaced meanwhile: {who} confirmed another configuration for this booking at "
+            f"{when:%H:%M} UTC, after you opened this page, so yours was not saved. Yours is kept "
+            "below: confirm it again to replace theirs, or open the booking to see theirs."]}, status=409)
     if refused:
         return _page(request, booking, _kept(request), {NON_FIELD: refused}, status=400)
     if started:

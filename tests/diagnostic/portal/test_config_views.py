@@ -12,7 +12,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from diagnostic.bookings.models import Booking, Lab, LabDay, book_lab_day
 from diagnostic.jobs.models import DiagnosticJob
-from tests.diagnostic.conftest import Cast
+from tests.diagnostic.conftest import Cast, logged_in, make_customer
 
 pytestmark = pytest.mark.django_db
 
@@ -198,3 +198,26 @@ def test_an_oversized_form_field_is_refused_beside_it_with_the_limit(
     page = response.content.decode()
     assert f"the limit is {limit}" in page
     assert DiagnosticJob.objects.count() == 0
+
+
+def test_two_replacements_at_once_answer_the_later_with_replaced_meanwhile(
+    cast: Cast, booking: Booking, started: list[DiagnosticJob]
+) -> None:
+    first = {"source": "command", "command": COMMAND, "action": "confirm"}
+    post(cast, booking, first)
+    waiting = DiagnosticJob.objects.get()
+    # Two colleagues opened the page while `waiting` was queued; both replace it.
+    colleague = make_customer("carol", cast.organisation_a)
+    mine = {"source": "command", "command": COMMAND.replace("262144", "131072"), "action": "confirm",
+            "replaces": str(waiting.pk)}
+    theirs = {**mine, "command": COMMAND.replace("262144", "65536")}
+    logged_in(colleague).post(url(booking), theirs)
+    replaced = DiagnosticJob.objects.exclude(status="cancelled").get()
+    assert replaced.config.normalized["serving"]["max_model_len"] == 65536
+    answer = post(cast, booking, mine)
+    assert answer.status_code == 409
+    page = answer.content.decode()
+    assert "Replaced meanwhile: carol confirmed another configuration" in page
+    assert "131072" in page, "the later one's text is kept to confirm again"
+    assert f'name="replaces" value="{replaced.pk}"' in page
+    assert DiagnosticJob.objects.exclude(status="cancelled").get() == replaced

@@ -132,6 +132,30 @@ class Lab(models.Model):
             return self.sim_state_dir / "inventory.yaml"
         return Path(self.inventory)
 
+    def node_count(self) -> int | None:
+        """How many nodes the lab has, from what is known of it without reaching it: its
+        mirrored nodes, else its inventory file, else (a simulated lab not yet started) its
+        scenario; None when none of them says."""
+        mirrored = self.nodes.count()
+        if mirrored:
+            return mirrored
+        path = self.inventory_path()
+        if path.is_file():
+            from lab.inventory import InventoryError, load_inventory
+
+            try:
+                return len(load_inventory(path).nodes)
+            except (InventoryError, OSError):
+                return None
+        if self.is_simulated:
+            from lab.sim.scenario import ScenarioError, load_scenario
+
+            try:
+                return len(load_scenario(self.inventory[len(SIM_PREFIX):]).node_names)
+            except (ScenarioError, OSError):
+                return None
+        return None
+
     def sync_nodes(self, inventory: Inventory) -> None:
         """Mirror the inventory's nodes as LabNode rows (for the staff dashboard)."""
         names = [node.name for node in inventory.nodes]

@@ -221,3 +221,21 @@ def test_two_replacements_at_once_answer_the_later_with_replaced_meanwhile(
     assert "131072" in page, "the later one's text is kept to confirm again"
     assert f'name="replaces" value="{replaced.pk}"' in page
     assert DiagnosticJob.objects.exclude(status="cancelled").get() == replaced
+
+
+@pytest.mark.parametrize("source", ["command", "form"])
+def test_a_layout_bigger_than_the_booked_lab_is_refused_at_intake(
+    cast: Cast, booking: Booking, started: list[DiagnosticJob], source: str
+) -> None:
+    # The attack: --tensor-parallel-size 16 on the 8-node lab, previewed and confirmed, so
+    # the day could not run and would end free. Refused before anything is stored.
+    if source == "command":
+        data = {"source": "command", "command": COMMAND.replace("--tensor-parallel-size 8",
+                                                                "--tensor-parallel-size 16")}
+    else:
+        data = {"source": "form", **FORM, "parallel__tp": "16", "cluster__nodes": "16"}
+    for action in ("preview", "confirm"):
+        response = post(cast, booking, {**data, "action": action})
+        assert response.status_code == 400, action
+        assert "needs 16 nodes, and the lab you booked has 8" in response.content.decode()
+    assert DiagnosticJob.objects.count() == 0 and started == []

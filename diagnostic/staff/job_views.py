@@ -16,11 +16,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from diagnostic.bookings.models import Lab, Organisation
-from diagnostic.jobs.models import DiagnosticJob, StageRun
+from diagnostic.jobs.models import DiagnosticJob, ReportVersion, StageRun
 from diagnostic.portal.job_views import STAGE_WORDS, lab_duration
 from diagnostic.staff import actions, plots
 from diagnostic.staff.access import abilities, staff_group_required, staff_required
 from diagnostic.staff.review import is_late
+from reports.models import ReportEmail
 
 PAGE_ROWS = 100
 
@@ -71,6 +72,12 @@ def job_rows(jobs: QuerySet[DiagnosticJob]) -> list[dict[str, Any]]:
     stages: dict[Any, list[StageRun]] = {}
     for stage in StageRun.objects.filter(job__in=page).order_by("job", "order"):
         stages.setdefault(stage.job_id, []).append(stage)
+    # What the customer has of each job's report: one query each, not one per row.
+    versions: dict[Any, list[Any]] = {}
+    for job_id, approved in ReportVersion.objects.filter(job__in=page).values_list("job_id", "approved_at"):
+        versions.setdefault(job_id, []).append(approved)
+    sent = set(ReportEmail.objects.filter(job_id__in=[str(j.pk) for j in page],
+                                          state=ReportEmail.State.SENT).values_list("job_id", flat=True))
     rows = []
     for job in page:
         mine = stages.get(job.pk, [])
@@ -88,8 +95,22 @@ def job_rows(jobs: QuerySet[DiagnosticJob]) -> list[dict[str, Any]]:
             "lab_time": lab_duration(sum(s.lab_seconds or 0 for s in mine)),
             "age": age(job.created_at, now),
             "late": job.booking_id is not None and job.is_terminal and is_late(job, now),
+            "lab_day": job.booking.lab_day.date if job.booking is not None else None,
+            "report": report_state(job, versions.get(job.pk, []), str(job.pk) in sent),
+            "ended": (job.status_message or "").split(": ", 1)[-1][:120] if job.is_terminal else "",
         })
     return rows
+
+
+def report_state(job: DiagnosticJob, approvals: list[Any], sent: bool) -> str:
+    """The report as the list shows it: none yet, awaiting approval, approved, sent."""
+    if job.is_held:
+        return "none: held"
+    if not approvals:
+        return "none yet" if not job.is_terminal else "not written"
+    if sent:
+        return "sent"
+    return "approved" if any(approvals) else "awaiting approval"
 
 
 def _list_context(request: HttpRequest) -> dict[str, Any]:

@@ -167,6 +167,13 @@ def test_a_consultant_watches_a_portal_job_live_then_reviews_and_approves(
         else:
             raise AssertionError(f"the job did not end: {stage_states[-1:]}\n{worker.output()[-3000:]}")
 
+        # The job page's actions followed the end without a reload: cancel gone, the
+        # report's rewrite offered.
+        detail.wait_for_selector("#rerun-report", state="visible", timeout=10_000)
+        assert detail.locator("#cancel-job").is_hidden()
+        # The list tells the state: how the day ended and where its report stands.
+        ended = jobs.inner_text(row)
+        assert "all 4 stages done" in ended and ("awaiting approval" in ended or "none yet" in ended), ended
         # Every page changed in place: the same documents throughout.
         for page in (jobs, detail, log):
             assert page is not None and page.evaluate("window.__same") is True

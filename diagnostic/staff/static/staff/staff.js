@@ -16,7 +16,10 @@
     function poll() {
       get(url).then(function (r) { return r.text(); }).then(function (html) {
         box.innerHTML = html;
-        if (!box.querySelector("[data-terminal='1']")) { window.setTimeout(poll, every); }
+        if (!box.querySelector("[data-terminal='1']")) { window.setTimeout(poll, every); return; }
+        // The job ended: the actions that no longer apply go, those for an ended job come.
+        document.querySelectorAll("[data-while-running]").forEach(function (el) { el.hidden = true; });
+        document.querySelectorAll("[data-when-ended]").forEach(function (el) { el.hidden = false; });
       }).catch(function () { window.setTimeout(poll, every * 2); });
     }
     if (every > 0) { window.setTimeout(poll, every); }

@@ -24,6 +24,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.template import Context
 
 from reports import content
+from reports.findings import by_impact
 from reports.report import RenderedReport, render, template_engine, write_atomically
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,10 @@ def _context(findings: Mapping[str, Any], report: RenderedReport, customer: str)
         "lab": lab,
         "lab_note": lab_note,
         "summary": content.summary_rows(findings),
+        # In the report's own order (blocking first, then by the size of the measured change).
         "findings": [
             str(f.get("title") or f.get("code"))
-            for f in findings.get("findings") or []
-            if isinstance(f, Mapping)
+            for f in by_impact([f for f in findings.get("findings") or [] if isinstance(f, Mapping)])
         ],
         "money_back_free": report.money_back.eligible,
         "money_back_reason": report.money_back.reason,

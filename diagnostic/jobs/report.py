@@ -203,7 +203,18 @@ def version_message(version: ReportVersion, to: list[str]) -> EmailMultiAlternat
     report = RenderedReport(Path(version.pdf_path), version.digest, version.pages, decision, (), {})
     job = version.job
     return build_report_email(document, report, customer=customer_name(job), to=to,
-                              greeting=None if job.booking is not None else "Draft for review (no booking)")
+                              greeting=greeting(job))
+
+
+def greeting(job: DiagnosticJob) -> str:
+    """How the report email opens: the person who booked, by name when we have one (the
+    organisation's name is no one to write to)."""
+    booking = job.booking
+    if booking is None:
+        return "Draft for review (no booking)"
+    person = booking.customer
+    name = person.get_full_name().strip() or person.first_name.strip()
+    return f"Dear {name}" if name else "Hello"
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -214,9 +225,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     DiagnosticJob.objects.filter(pk=job.pk).update(findings=document)
     # The message staff will approve and send; until then it waits beside the PDF. Without
     # a booking it is addressed to the firm itself, as a draft.
-    booking = job.booking
     message = build_report_email(document, rendered, customer=customer_name(job), to=recipients(job),
-                                 greeting=None if booking is not None else "Draft for review (no booking)")
+                                 greeting=greeting(job))
     eml = write_eml(message, report_dir(job) / "email.eml")
     present = [name for name in SECTIONS if document[name] is not None]
     ctx.progress(100, f"report: {rendered.pages} pages, {len(document['findings'])} findings")

@@ -232,3 +232,15 @@ def test_an_unreachable_mail_server_fails_loudly_and_leaves_the_version_to_retry
     row = ReportEmail.objects.get(job_id=f["job"]["id"])
     assert row.state == ReportEmail.State.FAILED
     assert "ConnectionRefusedError" in row.last_error
+
+
+def test_the_email_lists_the_findings_in_the_reports_order(reference_report: Any) -> None:
+    from reports.findings import by_impact
+
+    f, report = reference_report.findings, reference_report.report
+    ordered = [str(x.get("title") or x.get("code")) for x in by_impact(f["findings"])]
+    assert ordered != [str(x.get("title")) for x in f["findings"]], "the reference findings need reordering"
+    body = build_report_email(f, report, customer=CUSTOMER, to=[RECIPIENT]).body
+    listed = [line.strip()[2:] for line in body.split("What we found:")[1].splitlines()
+              if line.strip().startswith("- ")]
+    assert listed == ordered

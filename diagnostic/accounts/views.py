@@ -38,6 +38,12 @@ class EmailAuthenticationForm(AuthenticationForm):
     username = forms.CharField(
         label="Email", widget=forms.EmailInput(attrs={"autofocus": True, "autocomplete": "email"})
     )
+    # Django's own message names the model's "username"; the field asks for an email.
+    error_messages = {
+        **AuthenticationForm.error_messages,
+        "invalid_login": "That email and password do not match an account; check both (the password is "
+                         "case-sensitive) or reset the password.",
+    }
 
 
 class SetPasswordForm(forms.Form):

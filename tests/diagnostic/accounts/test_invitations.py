@@ -187,3 +187,10 @@ def test_a_new_address_still_gets_its_account(cast: Cast) -> None:
     assert gina.customer.organisation == cast.organisation_a and not gina.is_staff
     invitation = Invitation.objects.get()
     assert invitation.used_by == gina and not invitation.joined_existing
+
+
+def test_a_wrong_password_is_told_in_the_fields_words(client: Any, db: None) -> None:
+    page = client.post("/accounts/login/", {"username": "nobody@example.com", "password": "nope"})
+    text = page.content.decode()
+    assert "That email and password do not match an account" in text
+    assert "correct username" not in text

@@ -5,7 +5,7 @@ joining) and the page a locked-out login gets."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, ClassVar
 
 from axes.helpers import get_cool_off
 from axes.models import AccessAttempt
@@ -39,7 +39,7 @@ class EmailAuthenticationForm(AuthenticationForm):
         label="Email", widget=forms.EmailInput(attrs={"autofocus": True, "autocomplete": "email"})
     )
     # Django's own message names the model's "username"; the field asks for an email.
-    error_messages = {
+    error_messages: ClassVar[dict[str, str]] = {
         **AuthenticationForm.error_messages,
         "invalid_login": "That email and password do not match an account; check both (the password is "
                          "case-sensitive) or reset the password.",

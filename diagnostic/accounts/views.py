@@ -5,7 +5,7 @@ joining) and the page a locked-out login gets."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, ClassVar
+from typing import Any
 
 from axes.helpers import get_cool_off
 from axes.models import AccessAttempt
@@ -38,12 +38,14 @@ class EmailAuthenticationForm(AuthenticationForm):
     username = forms.CharField(
         label="Email", widget=forms.EmailInput(attrs={"autofocus": True, "autocomplete": "email"})
     )
-    # Django's own message names the model's "username"; the field asks for an email.
-    error_messages: ClassVar[dict[str, str]] = {
-        **AuthenticationForm.error_messages,
-        "invalid_login": "That email and password do not match an account; check both (the password is "
-                         "case-sensitive) or reset the password.",
-    }
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Django's own message names the model's "username"; the field asks for an email.
+        self.error_messages = {
+            **self.error_messages,
+            "invalid_login": "That email and password do not match an account; check both (the "
+                             "password is case-sensitive) or reset the password.",
+        }
 
 
 class SetPasswordForm(forms.Form):

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec bench-chaos bench-day clean
+.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec bench-chaos bench-day engine-tables clean
 
 # The demo and the benchmarks are development processes: DEBUG=1, so the settings need no
 # SECRET_KEY (they refuse to start without one otherwise). The tests set their own
@@ -74,6 +74,13 @@ bench-specdec: install
 # for the disk faults (a tmpfs is mounted).
 bench-chaos: install
 	$(PY) benchmarks/bench_chaos.py
+
+# The modelled engine releases as data (lab/engines/releases/): extracts each again from its
+# package on PyPI (about 140 MB into out/engine-downloads/ the first time, then from there)
+# and fails, naming the file, if a committed table is stale. About 2.5 minutes.
+ENGINE_RELEASES := vllm==0.29.0 vllm==0.34.0 sglang==0.5.12 sglang==0.5.23
+engine-tables: install
+	$(PY) -m lab.engines.extract --check $(ENGINE_RELEASES)
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

@@ -33,7 +33,7 @@ from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_s
 from diagnostic.pipelines.triage.coldstart import launch_offsets
 from lab.engines import parse_log
 from lab.engines.base import argument_refusal
-from lab.session import LabError, LabSession, LaunchFailed, LaunchResult
+from lab.session import LabError, LabSession, LaunchFailed, LaunchResult, shown_spec
 
 # Lab seconds a cold start may take before it counts as hung: the reference lab's
 # worst published cold start is well under half of this.
@@ -130,9 +130,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
         # Where each node's log ended and the lab time just before the launch: the loading
         # triage reads this start's evidence from exactly there, as it reads its own.
         **evidence,
+        # As launched, with every secret masked: the session's specs already show the API
+        # key's mask, not the engine key it uploaded (lab.session); masked again here so that
+        # no stage result, staff page or findings document can ever hold one.
         "launch": [
             {k: spec.get(k) for k in ("node", "role", "rank", "argv", "env", "log_file")}
-            for spec in launched.specs
+            for spec in map(shown_spec, launched.specs)
         ],
         "engine_log": {
             "node": engine_log.node,
@@ -293,15 +296,19 @@ def _start_with_fixes(
     config = apply_changes(config, config_changes)
     ctx.log(f"starting the configuration again, cold, with serving.max_model_len {fitted['to']:,}")
     ctx.progress(30, "launching the configuration with the length that fits, cold caches")
-    session.start_sampler()
-    sampler_from = session.clock.now()
-    evidence = _launch_marks(session, config)
+    sampler_from, evidence = _fresh_record(session, config)
     try:
         launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
     except LaunchFailed as again:
         _start_failed(ctx, config, again, sampler_from, retry=True)
         raise AssertionError("a second failed start stops the job") from again
     return launched, evidence, sampler_from, config, config_changes
+
+
+def _fresh_record(session: LabSession, config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Before starting `config` again: the telemetry sampler from now, and the launch marks."""
+    session.start_sampler()
+    return session.clock.now(), _launch_marks(session, config)
 
 
 def _a_crash(exc: LaunchFailed, engine: str) -> bool:
@@ -330,9 +337,7 @@ def _start_after_crash(
     ctx.log("starting the same configuration again, cold: a crash is the configuration's only when "
             "it repeats the same way")
     ctx.progress(30, "the engine crashed on the first start; starting the configuration again, cold")
-    session.start_sampler()
-    sampler_from = session.clock.now()
-    evidence = _launch_marks(session, config)
+    sampler_from, evidence = _fresh_record(session, config)
     try:
         launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
     except LaunchFailed as again:

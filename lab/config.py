@@ -23,6 +23,7 @@ No Django here: the portal, the CLI and the lab all use it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import reprlib
@@ -204,6 +205,268 @@ def env_name_problem(name: str) -> str | None:
     return None
 
 
+# -- secrets ----------------------------------------------------------------------------
+# What an engine treats as a secret, and a configuration can carry: the API key its server
+# asks of every client (vLLM's and SGLang's --api-key; vLLM's VLLM_API_KEY, which --api-key
+# overrides), a variable or flag whose name says it holds a credential
+# (SGLANG_S3_SECRET_ACCESS_KEY, ..._HF_TOKEN, --ssl-keyfile-password), and the credentials
+# of a URL (https://user:TOKEN@host/..., ?token=...). The platform keeps none of them:
+#
+# * At intake (diagnostic.bookings.configs) each secret value is replaced by its mask,
+#   SECRET_MASK and at most its last four characters (none for a value shorter than
+#   SECRET_TAIL_MIN_CHARS), in the normalized configuration and in the submitted text. What
+#   is stored, and everything rendered from it (previews, findings, the report and its
+#   email, the tuned files, stage results), holds the mask and nothing more.
+# * The engine the lab starts still authenticates, as the customer's does, but with a key
+#   of the platform's own for the job (lab.session.LabSession.engine_api_key: derived when
+#   needed, never stored), which replaces the mask in the launch spec the session uploads
+#   and which the measurement client sends as `Authorization: Bearer`.
+# * The tuned configuration keeps the customer's flag with the masked value and says to put
+#   their own key back (diagnostic.jobs.tuning): never a made-up key.
+#
+# normalize_fields and lab.engines keep values as given (an engine reading its own argv
+# must see its key); masking is `mask_config`, applied where a configuration enters.
+SECRET_MASK = "••••"  # noqa: S105 - the mask, not a password
+SECRET_TAIL = 4
+SECRET_TAIL_MIN_CHARS = 12
+# The flag and variable that turn an engine's API authentication on: the lab puts its own
+# key in their place (vLLM: --api-key wins over VLLM_API_KEY; SGLang reads only the flag).
+AUTH_FLAGS = ("--api-key",)
+AUTH_ENV = ("VLLM_API_KEY",)
+# Name words that make a variable or flag a credential, alone ...
+_SECRET_WORDS = frozenset({"SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
+                           "CREDENTIALS", "APIKEY"})
+# ... or before KEY / TOKEN (API_KEY, ACCESS_KEY, HF_TOKEN; not EVENT_KEY or PER_TOKEN).
+_SECRET_QUALIFIERS = frozenset({"API", "ACCESS", "AUTH", "BEARER", "HF", "PRIVATE", "SESSION",
+                                "REFRESH", "SLACK", "GITHUB", "GH", "ADMIN"})
+# A URL query parameter holding a credential (?token=, &sig=, X-Amz-Signature=).
+_SECRET_QUERY_WORDS = _SECRET_WORDS | {"TOKEN", "KEY", "SIG", "SIGNATURE", "AUTH", "CODE"}
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+_URL_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/?#@:]*)"
+                           r"(?::(?P<password>[^/?#@]*))?@")
+_TOKEN_USER_CHARS = 16
+_URL_QUERY = re.compile(r"[?&;](?P<name>[A-Za-z0-9_.-]+)=(?P<value>[^&#;]+)")
+
+
+def _credential(words: list[str]) -> bool:
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    return any(a in _SECRET_QUALIFIERS and b in ("KEY", "TOKEN") for a, b in itertools.pairwise(words))
+
+
+def secret_env_name(name: str) -> bool:
+    """Whether the variable `name` holds a secret (VLLM_API_KEY, ..._SECRET_ACCESS_KEY)."""
+    return name in AUTH_ENV or _credential(name.upper().split("_"))
+
+
+def secret_flag(flag: str) -> bool:
+    """Whether the engine flag `flag` (`--api-key`, `--api_key`, `--ssl-keyfile-password`)
+    takes a secret as its value."""
+    if not flag.startswith("-"):
+        return False
+    return _credential(flag.lstrip("-").upper().replace("-", "_").split("_"))
+
+
+def auth_flag(flag: str) -> bool:
+    """Whether `flag` is the API key flag (in any spelling the engines accept)."""
+    return "--" + flag.lstrip("-").replace("_", "-") in AUTH_FLAGS and flag.startswith("--")
+
+
+def is_masked(value: str) -> bool:
+    """A value already replaced by its mask (mask_secret is idempotent)."""
+    return value.startswith(SECRET_MASK) and len(value) <= len(SECRET_MASK) + SECRET_TAIL
+
+
+def mask_secret(value: str) -> str:
+    """`••••` and the last four characters of `value` (only the mask for a short value, whose
+    last four would be most of it); an empty value stays empty (no key is no secret)."""
+    if not value or is_masked(value):
+        return value
+    tail = value[-SECRET_TAIL:] if len(value) >= SECRET_TAIL_MIN_CHARS else ""
+    return SECRET_MASK + tail
+
+
+def _looks_like_flag(token: str) -> bool:
+    """As an engine's argument parser reads a token: a flag, not a value (negative numbers
+    are values). lab.engines.base.is_flag, which this module cannot import."""
+    if not token.startswith("-") or len(token) == 1:
+        return False
+    return not re.fullmatch(r"-\d+(\.\d*)?([eE][-+]?\d+)?", token)
+
+
+def argv_secrets(tokens: list[str] | tuple[str, ...]) -> list[tuple[int, str, bool]]:
+    """Where the secret flags of an argv hold their values: (index of the token holding the
+    value, the flag, whether the value is inline as `--flag=value`)."""
+    found: list[tuple[int, str, bool]] = []
+    for index, token in enumerate(tokens):
+        if not token.startswith("-"):
+            continue
+        name, eq, _ = token.partition("=")
+        if not secret_flag(name):
+            continue
+        if eq:
+            found.append((index, name, True))
+        elif index + 1 < len(tokens) and not _looks_like_flag(tokens[index + 1]):
+            found.append((index + 1, name, False))
+    return found
+
+
+def _url_credentials(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each credential inside the URLs of `text`: a userinfo password (or a
+    user standing alone and as long as a token), and each credential query parameter's value."""
+    spans: list[tuple[int, int]] = []
+    for url in _URL.finditer(text):
+        body, base = url.group(), url.start()
+        info = _URL_USERINFO.match(body)
+        if info:
+            part = "password" if info.group("password") is not None else "user"
+            # A user alone is a name (git@host) unless it is as long as a token (ghp_...@).
+            if info.group(part) and (part == "password" or len(info.group(part)) >= _TOKEN_USER_CHARS):
+                spans.append((base + info.start(part), base + info.end(part)))
+        for query in _URL_QUERY.finditer(body):
+            words = re.split(r"[-_.]", query.group("name").upper())
+            if any(w in _SECRET_QUERY_WORDS for w in words):
+                spans.append((base + query.start("value"), base + query.end("value")))
+    return spans
+
+
+def _replace_spans(text: str, spans: list[tuple[int, int]]) -> str:
+    for start, end in sorted(spans, reverse=True):
+        text = text[:start] + mask_secret(text[start:end]) + text[end:]
+    return text
+
+
+def url_secrets(text: str) -> list[str]:
+    """The clear credentials in the URLs of `text`."""
+    return [text[s:e] for s, e in _url_credentials(text) if not is_masked(text[s:e])]
+
+
+def mask_urls(text: str) -> str:
+    """`text` with the credentials of its URLs masked (the rest of each URL kept)."""
+    return _replace_spans(text, _url_credentials(text))
+
+
+def _argv_masked(tokens: list[str]) -> list[str]:
+    out = [mask_urls(t) for t in tokens]
+    for index, name, inline in argv_secrets(tokens):
+        value = tokens[index].partition("=")[2] if inline else tokens[index]
+        out[index] = f"{name}={mask_secret(value)}" if inline else mask_secret(value)
+    return out
+
+
+def _walk_strings(value: Any, change: Any) -> Any:
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, Mapping):
+        return {k: _walk_strings(v, change) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_walk_strings(v, change) for v in value]
+    return value
+
+
+def mask_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a configuration (normalized, or a document of its fields) with every secret
+    masked: the values of secret flags in `extra_args`, of secret variables in `env`, and the
+    credentials in any URL anywhere. Idempotent; fields it does not know are kept."""
+    out = dict(_walk_strings(config, mask_urls))
+    args = config.get("extra_args")
+    if isinstance(args, list) and all(isinstance(a, str) for a in args):
+        out["extra_args"] = _argv_masked(list(args))
+    env = out.get("env")
+    if isinstance(env, Mapping):
+        out["env"] = {k: mask_secret(v) if isinstance(v, str) and isinstance(k, str)
+                      and secret_env_name(k) else v for k, v in env.items()}
+    return out
+
+
+def config_secrets(config: Mapping[str, Any]) -> list[str]:
+    """The clear secret values a configuration holds (what mask_config masks), longest
+    first, each once."""
+    found: list[str] = []
+    args = config.get("extra_args")
+    if isinstance(args, list) and all(isinstance(a, str) for a in args):
+        for index, _, inline in argv_secrets(list(args)):
+            found.append(args[index].partition("=")[2] if inline else args[index])
+    env = config.get("env")
+    if isinstance(env, Mapping):
+        found += [v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)
+                  and secret_env_name(k)]
+    _walk_strings(config, lambda s: found.extend(url_secrets(s)))
+    clear = {v for v in found if v and not is_masked(v)}
+    return sorted(clear, key=lambda v: (-len(v), v))
+
+
+def mask_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """An argv (a launch spec's, a pasted command's tokens) with its secrets masked."""
+    return _argv_masked(list(argv))
+
+
+def mask_env(env: Mapping[str, str]) -> dict[str, str]:
+    """An environment with the values of its secret variables (and URL credentials) masked."""
+    return {k: mask_secret(v) if secret_env_name(k) else mask_urls(v) for k, v in env.items()}
+
+
+def engine_api_keys(config: Mapping[str, Any]) -> list[str]:
+    """The API keys an engine started with `config` (as it reads its own argv and env, not
+    masked) asks its clients for, as the engines decide: the last --api-key given, else
+    (vLLM only) VLLM_API_KEY; an empty key is none. [] when authentication is off."""
+    args = [a for a in config.get("extra_args") or [] if isinstance(a, str)]
+    given = [args[i].partition("=")[2] if inline else args[i]
+             for i, flag, inline in argv_secrets(args) if auth_flag(flag)]
+    if given:
+        return [given[-1]] if given[-1] else []
+    engine = (config.get("engine") or {}).get("name", "vllm")
+    env = config.get("env") or {}
+    if engine == "vllm" and env.get("VLLM_API_KEY"):
+        return [str(env["VLLM_API_KEY"])]
+    return []
+
+
+# Secrets in free text (a message quoting a value, an engine's log line): `--flag value` and
+# `--flag=value` of a secret flag, NAME=value / name='value' / "name": "value" of a secret
+# name, an `Authorization: Bearer` token, and URL credentials.
+_TEXT_FLAG = re.compile(r"(?P<name>--?[A-Za-z0-9][\w-]*)(?P<sep>=|[ \t]+)(?P<q>['\"]?)(?P<value>[^\s'\"]+)")
+_TEXT_ASSIGN = re.compile(r"(?P<name>\b[A-Za-z_][A-Za-z0-9_]*)(?P<sep>=|['\"]?\s*:\s*\[?\s*)"
+                          r"(?P<q>['\"]?)(?P<value>[^\s'\",\]\)]+)")
+_TEXT_BEARER = re.compile(r"(?i)\bbearer\s+(?P<value>[A-Za-z0-9._~+/=•-]+)")
+_NOT_SECRETS = frozenset({"None", "null", "none", "True", "False", "true", "false"})
+
+
+# Whatever the rules above could mask holds one of these: lines without any are skipped, so
+# that a log of megabytes costs one scan.
+_TEXT_TRIGGER = re.compile(r"(?i)secret|passw|passphrase|credential|apikey|[_-](?:key|token)(?![a-z])"
+                           r"|bearer|://")
+
+
+def mask_text(text: str) -> str:
+    """`text` with every secret this module can recognise in free text masked: for messages
+    that quote a value, and for engine logs (SGLang logs its ServerArgs, api_key included)."""
+    if not _TEXT_TRIGGER.search(text):
+        return text
+    if "\n" in text:
+        return "".join(_mask_line(line) if _TEXT_TRIGGER.search(line) else line
+                       for line in text.splitlines(keepends=True))
+    return _mask_line(text)
+
+
+def _mask_line(text: str) -> str:
+    spans: list[tuple[int, int]] = []
+    for m in _TEXT_FLAG.finditer(text):
+        if secret_flag(m.group("name")) and m.group("value") not in _NOT_SECRETS:
+            spans.append(m.span("value"))
+    for m in _TEXT_ASSIGN.finditer(text):
+        if secret_env_name(m.group("name")) and m.group("value") not in _NOT_SECRETS:
+            spans.append(m.span("value"))
+    spans += [m.span("value") for m in _TEXT_BEARER.finditer(text)]
+    spans += _url_credentials(text)
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(set(spans)):
+        if merged and start < merged[-1][1]:
+            continue  # one secret seen by two rules
+        merged.append((start, end))
+    return _replace_spans(text, merged)
+
+
 class _Shown(reprlib.Repr):
     """repr() for messages: bounded in length and depth, and safe for any value YAML or
     JSON can produce (a 5,000-digit integer, a list nested 10,000 deep)."""
@@ -223,8 +486,9 @@ _SHOWN = _Shown()
 
 
 def shown(value: Any) -> str:
-    """`value` for a message: repr(), bounded, never raising."""
-    return _SHOWN.repr(value)
+    """`value` for a message: repr(), bounded, never raising, and with any secret it holds
+    masked (mask_text): a refused configuration's message must not print its API key."""
+    return mask_text(_SHOWN.repr(value))
 
 
 def _key(key: Any) -> str:
@@ -446,6 +710,10 @@ def _env(raw: Any) -> dict[str, str]:
             if len(value) > MAX_ENV_VALUE_CHARS:
                 raise _fail(field, f"is {len(value)} characters; the limit is "
                                    f"{MAX_ENV_VALUE_CHARS}")
+            problem = control_problem(value) if secret_env_name(key) else None
+            if problem is not None:
+                # Named without its value: a secret is not quoted back, even to its owner.
+                raise _fail(field, f"{shown(mask_secret(value))} {problem}; {CONTROL_ACCEPTED}")
             out[key] = _no_control(value, field)
         else:
             raise _fail(field, f"{shown(value)} is not accepted; use a string, number or true/false")
@@ -468,7 +736,13 @@ def _extra_args(raw: Any) -> list[str]:
         flag = token.partition("=")[0] if token.startswith("-") else \
             raw[index - 1] if index and raw[index - 1].startswith("-") else ""
         whose = f" (the value of {shown(flag)})" if flag and flag != token else ""
-        raise _fail(f"extra_args[{index}]", f"{shown(token)}{whose} {problem}; {CONTROL_ACCEPTED}")
+        name = flag.partition("=")[0] or token.partition("=")[0]
+        quoted = token
+        if secret_flag(name):
+            # Named without the secret: `--api-key=••••` or the value's mask.
+            quoted = f"{name}={mask_secret(token.partition('=')[2])}" if token.startswith(name + "=") \
+                else mask_secret(token)
+        raise _fail(f"extra_args[{index}]", f"{shown(quoted)}{whose} {problem}; {CONTROL_ACCEPTED}")
     return list(raw)
 
 

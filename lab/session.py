@@ -3,13 +3,22 @@
 It pushes the node agent, launches a configuration on the nodes it needs and waits for
 the engine to serve, collects telemetry and logs, and fetches the tokenizer. It is the
 one place in the platform that converts wall time to lab time (`LabClock`).
+
+Secrets (lab.config, "secrets"): a configuration reaches the session with its API key
+masked, and every spec the session shows (`specs_for`, `LaunchResult.specs`) keeps the
+mask. An engine whose configuration turns authentication on (`--api-key`, `VLLM_API_KEY`)
+still runs with it, with the session's own key for its job (`engine_api_key`) put in place
+of the mask only in the spec uploaded to the node; the measurement client sends that key.
+Engine logs read back through the session have it masked again (an SGLang log prints it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
+import secrets
 import tempfile
 import threading
 import time
@@ -22,6 +31,7 @@ import httpx
 
 from lab.agent import agent_source
 from lab.clock import LabClock
+from lab.config import AUTH_ENV, argv_secrets, auth_flag, mask_argv, mask_env, mask_secret, mask_text
 from lab.inventory import Inventory, Node, load_inventory
 from lab.ssh import LabSSH, NodeConnection, SSHError
 
@@ -130,6 +140,44 @@ class ServingState:
         return "serving"
 
 
+# What the engine key is derived from, besides the platform's SSH key and the job (v1).
+ENGINE_KEY_CONTEXT = b"gb10-diag engine api key/1"
+ENGINE_KEY_PREFIX = "diag-"
+
+
+def engine_key(secret: bytes, owner: Mapping[str, str] | None) -> str:
+    """The API key of the engines launched for `owner` (a job): HMAC-SHA256 of the owner
+    under `secret`. Every session of one job, in any process, derives the same key, so a
+    later stage measures (and recognises by its spec hash) the engine an earlier one
+    started; another job's key differs, and no one without `secret` can work it out."""
+    message = ENGINE_KEY_CONTEXT + b"\n" + json.dumps(dict(owner or {}), sort_keys=True).encode()
+    return ENGINE_KEY_PREFIX + hmac.new(secret, message, hashlib.sha256).hexdigest()[:40]
+
+
+def authenticated(spec: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """`spec` as uploaded to its node: where its configuration turns API authentication on
+    (`--api-key`, `VLLM_API_KEY`) the key there, whatever it was (a mask), is `key`. A spec
+    without either is returned unchanged: authentication stays as the customer had it."""
+    argv = list(spec.get("argv") or [])
+    for index, flag, inline in argv_secrets(argv):
+        # An empty key turns authentication off in both engines: it stays off.
+        if auth_flag(flag) and (argv[index].partition("=")[2] if inline else argv[index]):
+            argv[index] = f"{flag}={key}" if inline else key
+    env = {name: key if name in AUTH_ENV and value else value
+           for name, value in dict(spec.get("env") or {}).items()}
+    return {**spec, "argv": argv, "env": env}
+
+
+def shown_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """`spec` as it may be shown or kept: every secret in its argv and env masked."""
+    shown = dict(spec)
+    if isinstance(spec.get("argv"), list | tuple):
+        shown["argv"] = mask_argv(list(spec["argv"]))
+    if isinstance(spec.get("env"), Mapping):
+        shown["env"] = mask_env(dict(spec["env"]))
+    return shown
+
+
 def spec_bytes(spec: Mapping[str, Any]) -> bytes:
     """A launch spec exactly as the session uploads it: the bytes the agent hashes at launch
     and reports back in `status` as `spec_sha256`."""
@@ -166,6 +214,7 @@ class LabSession:
         # Who launches: written into every launch spec as `owner` (the platform and its
         # job), so that the nodes can say whose engine they run (`status`).
         self.owner: dict[str, str] | None = None
+        self._key_secret: bytes | None = None
 
     @classmethod
     def open(cls, inventory_path: str | Path) -> LabSession:
@@ -366,17 +415,60 @@ class LabSession:
         """Stop the engine everywhere it may run; unreachable nodes are reported, not raised."""
         return self.agent_all("stop", nodes=nodes, tolerate=True)
 
+    # -- the engine's API key ---------------------------------------------------------
+    @property
+    def engine_api_key(self) -> str:
+        """The API key of the engines this session launches with authentication on, and
+        what the measurement client sends them (`Authorization: Bearer`). Derived for the
+        session's owner (its job) from the platform's SSH key for the lab, the one secret
+        every process reaching the lab already holds, so it is stored nowhere; see
+        `engine_key`."""
+        return engine_key(self._engine_key_secret(), self.owner)
+
+    def _engine_key_secret(self) -> bytes:
+        if self._key_secret is None:
+            try:
+                material = Path(self.inventory.head.key_file).read_bytes()
+            except OSError as exc:
+                # No key file, no SSH either: a session that only renders. Keys derived here
+                # hold for this process only.
+                log.warning("engine key: the lab's SSH key cannot be read (%s); using a key "
+                            "for this process only", exc)
+                material = _process_secret()
+            self._key_secret = hashlib.sha256(b"engine-key-secret\n" + material).digest()
+        return self._key_secret
+
+    def redact(self, text: str) -> str:
+        """`text` (an engine log) with this session's engine key, and any secret an engine
+        prints in its words (lab.config.mask_text), masked."""
+        if not text:
+            return text
+        key = self.engine_api_key
+        return mask_text(text.replace(key, mask_secret(key)))
+
     def specs_for(self, config: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The launch specs `config` renders to on this lab: one per node it uses, head first."""
+        """The launch specs `config` renders to on this lab: one per node it uses, head first,
+        every secret masked (`launch` puts the engine key in place of the API key's mask in
+        what it uploads; `uploaded_specs`)."""
         from lab.engines import render  # engines import config validation; keep startup light
 
         nodes = self.nodes_for(config)
         # The customer's model path names a model of the lab's catalog (render admits it
         # first); on this lab its weights live in the inventory's model directory.
-        specs = render(config, nodes, model_dir=nodes[0].model_dir)
+        specs = [shown_spec(spec) for spec in render(config, nodes, model_dir=nodes[0].model_dir)]
         if self.owner:
             specs = [{**spec, "owner": dict(self.owner)} for spec in specs]
         return specs
+
+    def uploaded_specs(self, config: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The specs `launch` uploads for `config`: `specs_for`'s with the engine key in place
+        of the API key's mask (identical for a configuration without authentication). Their
+        hashes are what the nodes report (`spec_sha256`)."""
+        specs = self.specs_for(config)
+        if not any(_authenticates(spec) for spec in specs):
+            return specs
+        key = self.engine_api_key
+        return [authenticated(spec, key) for spec in specs]
 
     def _healthy(self) -> bool:
         try:
@@ -392,7 +484,7 @@ class LabSession:
 
         A 200 from /health alone cannot tell our configuration from the one another job
         left running. Raises NodeUnreachable when a node does not answer."""
-        expected = {spec["node"]: spec_sha256(spec) for spec in self.specs_for(config)}
+        expected = {spec["node"]: spec_sha256(spec) for spec in self.uploaded_specs(config)}
         status = self.agent_all("status", nodes=list(expected))
         state = ServingState(expected, status, healthy=None)
         if state.other_nodes or state.idle_nodes:
@@ -414,6 +506,7 @@ class LabSession:
         """
         nodes = self.nodes_for(config)
         specs = self.specs_for(config)
+        uploads = self.uploaded_specs(config)
         by_node = {n.name: n for n in nodes}
 
         def prepare(conn: NodeConnection) -> None:
@@ -432,7 +525,7 @@ class LabSession:
                 return
             if cold:
                 self._agent_call(conn, ["drop-caches"], AGENT_TIMEOUT_S)
-            spec = next(s for s in specs if s["node"] == node.name)
+            spec = next(s for s in uploads if s["node"] == node.name)
             conn.makedirs(f"{node.work_dir}/launch", str(Path(spec["log_file"]).parent))
             conn.put_bytes(spec_bytes(spec), f"{node.work_dir}/launch/spec.json")
 
@@ -576,8 +669,10 @@ class LabSession:
                 return LogChunk(target.name, path, size, size, size, "")
             since = max(0, size - tail_bytes)
         data = self.agent(target.name, "logs", "--file", path, "--since", str(since), "--max", str(max_bytes))
+        # Offsets are the file's bytes; the text is shown to people, so the engine key an
+        # engine may print is masked in it (`redact`).
         return LogChunk(target.name, path, int(data["offset"]), int(data["next_offset"]),
-                        int(data["size"]), str(data["text"]))
+                        int(data["size"]), self.redact(str(data["text"])))
 
     def tokenizer_path(self, cache_dir: Path | None = None) -> Path:
         """A local copy of the model's tokenizer from the head node's model directory.
@@ -606,6 +701,24 @@ class LabSession:
             dest.write_bytes(data)
             return dest
         raise LabError(f"{head.name}: no tokenizer in {head.model_dir} ({'; '.join(errors)})")
+
+
+_PROCESS_SECRET: list[bytes] = []
+
+
+def _process_secret() -> bytes:
+    if not _PROCESS_SECRET:
+        _PROCESS_SECRET.append(secrets.token_bytes(32))
+    return _PROCESS_SECRET[0]
+
+
+def _authenticates(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec turns the engine's API authentication on (a key is given)."""
+    argv = list(spec.get("argv") or [])
+    if any(auth_flag(flag) and (argv[i].partition("=")[2] if inline else argv[i])
+           for i, flag, inline in argv_secrets(argv)):
+        return True
+    return any(dict(spec.get("env") or {}).get(name) for name in AUTH_ENV)
 
 
 def _as_lab_error(node: str, exc: BaseException) -> LabError:

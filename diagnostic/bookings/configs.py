@@ -4,13 +4,21 @@ a validated `diagnostic.config/1` configuration.
 Validation and normalization belong to the lab layer (lab.config, lab.engines); this
 module maps its errors onto Django's ValidationError so forms and the admin show the
 message, which names the configuration field (`parallel.tp: must be ...`).
+
+It is also where secrets stop (lab.config, "secrets"): an API key (`--api-key`,
+`VLLM_API_KEY`), a credential variable or a token in a URL is replaced by its mask
+(`••••` and at most its last four characters) in the normalized configuration and in the
+text kept as `raw_text`, so neither the database nor anything rendered from a stored
+configuration ever holds it. The lab runs the engine with a key of its own for the job.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
+import yaml
 from django.core.exceptions import ValidationError
 
 from diagnostic.bookings.models import Booking, ClusterConfiguration
@@ -18,12 +26,20 @@ from lab.config import (
     COMMAND_WHITESPACE,
     CONTROL_ACCEPTED,
     ConfigError,
+    config_secrets,
     control_character,
     control_name,
     control_problem,
+    mask_argv,
+    mask_config,
+    mask_env,
+    mask_secret,
+    mask_text,
+    read_config_text,
     shown,
 )
 from lab.engines import load_config_text, normalize_config
+from lab.engines.command import split_command
 
 CONFIG_SCHEMA = "diagnostic.config/1"
 Source = ClusterConfiguration.Source
@@ -65,19 +81,99 @@ def _control_in(value: Any, path: str) -> str | None:
 
 
 def normalize_submission(raw_text: str, source: str) -> dict[str, Any]:
-    """The normalized configuration for `raw_text`, or ValidationError naming the field.
+    """The normalized configuration for `raw_text`, its secrets masked, or ValidationError
+    naming the field.
 
     No control character is kept: the text may hold lines and tabs only, and no value of
     the configuration any (lab.config refuses them field by field; this checks the
     result again, since it is stored and reaches the lab's argv and environment)."""
+    return masked_submission(raw_text, source)[1]
+
+
+def masked_submission(raw_text: str, source: str) -> tuple[str, dict[str, Any]]:
+    """(the text to keep, the normalized configuration) of a submission, both with every
+    secret masked (lab.config.mask_config), or ValidationError naming the field.
+
+    The text keeps the customer's own wording with each secret value replaced in place;
+    where that cannot be shown to work (a secret written escaped, or short enough to occur
+    elsewhere in the text) it is the same configuration written out again (`_rewritten`).
+    Either way the kept text normalizes to exactly the configuration returned."""
     problem = text_control_problem(raw_text, TEXT_NAMES.get(source, "raw_text"))
     if problem is not None:
         raise ValidationError({"raw_text": problem}, code="control_character")
-    normalized = _normalize(raw_text, source)
-    problem = _control_in(normalized, "")
+    clear = _normalize(raw_text, source)
+    problem = _control_in(clear, "")
     if problem is not None:
         raise ValidationError({"raw_text": problem}, code="control_character")
-    return normalized
+    normalized = mask_config(clear)
+    return _masked_text(raw_text, source, clear, normalized), normalized
+
+
+# A secret at least this long is replaced wherever it occurs in the submitted text; a
+# shorter one only where the text's syntax puts it (mask_text), since "abc" may be part of
+# a path too.
+REPLACE_ANYWHERE_CHARS = 8
+
+
+def _masked_text(raw_text: str, source: str, clear: dict[str, Any], normalized: dict[str, Any]) -> str:
+    secrets = config_secrets(clear)
+    candidate = raw_text
+    for secret in secrets:
+        if len(secret) >= REPLACE_ANYWHERE_CHARS:
+            candidate = candidate.replace(secret, mask_secret(secret))
+    candidate = mask_text(candidate)
+    if candidate == raw_text and not secrets:
+        return raw_text
+    if _keeps(candidate, source, secrets, normalized):
+        return candidate
+    rewritten = _rewritten(raw_text, source)
+    if rewritten is not None and _keeps(rewritten, source, secrets, normalized):
+        return rewritten
+    raise ValidationError(
+        {"raw_text": f"{TEXT_NAMES.get(source, 'raw_text')}: holds an API key or other secret that "
+                     "could not be taken out of the text we keep; remove it and submit again (the lab "
+                     "runs your configuration with a key of its own)"},
+        code="secret",
+    )
+
+
+def _keeps(text: str, source: str, secrets: list[str], normalized: dict[str, Any]) -> bool:
+    """Whether `text` is safe to keep for `normalized`: it normalizes to exactly it, and no
+    secret of the submission is left in it (except inside a value that is no secret, a
+    model name say, which the configuration itself holds)."""
+    try:
+        if _normalize(text, source) != normalized:
+            return False
+    except (ValidationError, ConfigError, ValueError, RecursionError, yaml.YAMLError):
+        return False
+    held = json.dumps(normalized, ensure_ascii=False)
+    return not any(s in text and s not in held for s in secrets if len(s) >= 4)
+
+
+def _masked_command(command: str) -> str:
+    env, tokens = split_command(command)
+    words = [f"{name}={shlex.quote(value)}" for name, value in mask_env(env).items()]
+    return " ".join([*words, shlex.join(mask_argv(tokens))])
+
+
+def _rewritten(raw_text: str, source: str) -> str | None:
+    """The submission written out again with its secrets masked, in its own format (the
+    command as one line, the YAML or form fields as a document); None if it cannot be."""
+    try:
+        if source == Source.COMMAND:
+            return _masked_command(raw_text.strip())
+        if source == Source.YAML:
+            document = dict(read_config_text(raw_text))
+            if isinstance(document.get("launch_command"), str):
+                document["launch_command"] = _masked_command(document["launch_command"])
+            return yaml.safe_dump(mask_config(document), sort_keys=False, default_flow_style=False,
+                                  allow_unicode=True)
+        if source == Source.FORM:
+            fields = json.loads(raw_text)
+            return form_text(mask_config(fields)) if isinstance(fields, dict) else None
+    except (ConfigError, ValueError, RecursionError, yaml.YAMLError):
+        return None
+    return None
 
 
 def _normalize(raw_text: str, source: str) -> dict[str, Any]:
@@ -115,10 +211,11 @@ def submit_configuration(
     submitted_by: Any = None,
     label: str = "",
 ) -> ClusterConfiguration:
-    """Validate and store a submitted configuration; ValidationError when it is not usable."""
-    normalized = normalize_submission(raw_text, source)
+    """Validate and store a submitted configuration; ValidationError when it is not usable.
+    Its secrets are stored masked, in the text and the normalized configuration alike."""
+    kept, normalized = masked_submission(raw_text, source)
     return ClusterConfiguration.objects.create(
-        raw_text=raw_text,
+        raw_text=kept,
         source=source,
         normalized=normalized,
         booking=booking,

@@ -7,6 +7,10 @@ naming the finding that justifies it, and they compose in stage order
 `tuned-config.yaml` (diagnostic.config/1), `tuned-command.txt` (the head node's launch
 command in the engine's own syntax, with its environment) and `tuned.diff` against what
 the customer submitted.
+
+A customer's API key (or other secret) was never kept (lab.config, "secrets"): the tuned
+configuration keeps their flag or variable with the masked value (`••••` and at most the
+last four characters), and the files say to put their own key back. No key is made up.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import yaml
 
 from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.pipelines.changes import apply_changes
+from lab.config import SECRET_MASK, argv_secrets, mask_config, secret_env_name
 from lab.engines import normalize_config, render
 from lab.inventory import Node
 
@@ -50,9 +55,27 @@ def _customer_node(config: dict[str, Any]) -> Node:
     )
 
 
+def secret_notes(config: dict[str, Any]) -> list[str]:
+    """One line per masked secret of `config` (its flag or variable and the mask), saying to
+    put the customer's own value back; [] when it holds none."""
+    config = mask_config(config)
+    args = list(config.get("extra_args") or [])
+    found = argv_secrets(args)
+    named = [(flag, args[i].partition("=")[2] if inline else args[i]) for i, flag, inline in found]
+    # A URL's credential, masked inside a value: the value's flag or variable is named.
+    held = {i for i, _, _ in found}
+    named += [(args[i - 1] if i and args[i - 1].startswith("-") else "argument", token)
+              for i, token in enumerate(args) if i not in held and SECRET_MASK in token]
+    named += [(name, value) for name, value in sorted((config.get("env") or {}).items())
+              if (secret_env_name(name) and value) or SECRET_MASK in value]
+    return [f"{name} {value}: your own value goes here; we do not keep it, so it is shown masked "
+            f"({SECRET_MASK} and at most its last four characters)." for name, value in named]
+
+
 def command_text(config: dict[str, Any]) -> str:
     """The head node's launch command for `config`, with its environment as NAME=value
     prefixes, one flag pair a line; the workers' differ only as the comment says."""
+    config = mask_config(config)
     head = _customer_node(config)
     nodes = [head] + [
         replace(head, name=f"worker-{i}", role="worker") for i in range(1, int(config["cluster"]["nodes"]))
@@ -71,6 +94,7 @@ def command_text(config: dict[str, Any]) -> str:
                      "RDMA devices (see the report).")
     if config["serving"]["jit_cache"] == "persisted":
         lines.append(f"# {CACHE_DIR} must be a volume kept across restarts (the JIT cache).")
+    lines += [f"# {note}" for note in secret_notes(config)]
     words = [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
     argv = [shlex.quote(a) for a in spec["argv"]]
     # One flag (with its value) per line, as people paste launch commands.
@@ -88,18 +112,21 @@ def command_text(config: dict[str, Any]) -> str:
 
 
 def config_yaml(config: dict[str, Any], changes: list[dict[str, Any]] | None = None) -> str:
+    config = mask_config(config)
     header = "# The customer's configuration with every change the diagnostic proved.\n"
     for item in changes or []:
         header += f"#   {item['path']}: {item.get('from')!r} -> {item.get('to')!r}  ({item.get('finding')})\n"
-    return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    header += "".join(f"# {note}\n" for note in secret_notes(config))
+    return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def config_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
     # Both sides in the normalizer's field order: a configuration read back from PostgreSQL
     # (jsonb keeps its own key order) would otherwise differ on every line.
-    before = normalize_config(before)
-    a = yaml.safe_dump(before, sort_keys=False).splitlines(keepends=True)
-    b = yaml.safe_dump(after, sort_keys=False).splitlines(keepends=True)
+    before = mask_config(normalize_config(before))
+    after = mask_config(after)
+    a = yaml.safe_dump(before, sort_keys=False, allow_unicode=True).splitlines(keepends=True)
+    b = yaml.safe_dump(after, sort_keys=False, allow_unicode=True).splitlines(keepends=True)
     return "".join(difflib.unified_diff(a, b, fromfile="submitted-config.yaml", tofile="tuned-config.yaml"))
 
 
@@ -109,8 +136,9 @@ def tuned_section(job: DiagnosticJob) -> dict[str, Any] | None:
     changes = proved_changes(job)
     if not changes:
         return None
-    customer = job.config.normalized
-    tuned = apply_changes(customer, changes)
+    # Stored masked since intake; masked again for a configuration stored before that.
+    customer = mask_config(job.config.normalized)
+    tuned = mask_config(apply_changes(customer, changes))
     return {
         "config": tuned,
         "changes": changes,
@@ -129,6 +157,6 @@ def write_tuned_files(section: dict[str, Any], out: Path) -> list[Path]:
     written = []
     for name, text in files.items():
         path = out / name
-        path.write_text(text)
+        path.write_text(text, encoding="utf-8")  # a masked key is "••••"
         written.append(path)
     return written

@@ -9,6 +9,11 @@ counting is `tokens.py`'s, lab time is the caller's.
 Chat completions (`/v1/chat/completions`) is the default API: the served models are
 chat models, and reasoning text arrives as its own delta field only there. The plain
 completions API (`/v1/completions`) is available for servers without a chat template.
+
+A server started with an API key (vLLM and SGLang `--api-key`, vLLM `VLLM_API_KEY`)
+answers 401 to every /v1 request without it: `api_key` is sent as `Authorization: Bearer`
+on every request, and never appears in a message or a result. On the lab that is the
+session's own key for the job (`session_api_key`), never the customer's.
 """
 
 from __future__ import annotations
@@ -207,6 +212,7 @@ class StreamClient:
         deadline_s: float | None = DEFAULT_REQUEST_DEADLINE_S,
         clock: Callable[[], float] = time.monotonic,
         headers: Mapping[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         if api not in API_PATHS:
             raise ValueError(f"api: {api!r} is not one of {sorted(API_PATHS)}")
@@ -221,7 +227,7 @@ class StreamClient:
         self._http = httpx.Client(
             base_url=self.base,
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
-            headers=dict(headers or {}),
+            headers={**dict(headers or {}), **bearer_headers(api_key)},
             trust_env=False,
         )
 
@@ -363,6 +369,20 @@ class StreamClient:
             run.timeline.append((now - run.sent, len(run.text)))
         if choice.get("finish_reason"):
             run.finish_reason = str(choice["finish_reason"])
+
+
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """The header that carries an API key to an OpenAI-compatible server (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def session_api_key(session: Any) -> str | None:
+    """The key a lab session's engines ask of their clients (lab.session: derived for the
+    job, put in place of the customer's masked key at launch); None for a stand-in session
+    that has none. Sent whether or not the configuration turned authentication on: a server
+    without a key ignores the header."""
+    key = getattr(session, "engine_api_key", None)
+    return key if isinstance(key, str) and key else None
 
 
 def normalize_endpoint(endpoint: str) -> str:

@@ -75,6 +75,8 @@ FLAGS = (
     _passthrough(("--random-seed",), "int"),
     _passthrough(("--log-level",)),
     _passthrough(("--enable-metrics",), "bool"),
+    # A secret (lab.config, "secrets"): masked where a configuration enters; the engine the
+    # lab starts gets the lab's own key for the job in its place.
     _passthrough(("--api-key",)),
     _passthrough(("--chat-template",), loads="chat_template"),
     _passthrough(("--reasoning-parser",)),

@@ -111,6 +111,8 @@ FLAGS = (
     _passthrough(("--enable-auto-tool-choice",), "bool"),
     _passthrough(("--tool-call-parser",)),
     _passthrough(("--reasoning-parser",)),
+    # A secret (lab.config, "secrets"): masked where a configuration enters; the engine the
+    # lab starts gets the lab's own key for the job in its place (and VLLM_API_KEY, which it overrides).
     _passthrough(("--api-key",)),
     _passthrough(("--disable-log-requests",), "bool"),
     _passthrough(("--enable-log-requests",), "optbool"),

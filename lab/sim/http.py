@@ -6,11 +6,20 @@ HTTP server on the head node's API port answering /health, /version, /v1/models,
 the request planning, pacing and server-side accounting of lab/sim/serving.py behind
 it. Responses carry exactly the fields a real server sends; no header or field says
 anything about the scenario's truth.
+
+API keys are enforced as the engines do: launched with `--api-key` (or, for vLLM,
+`VLLM_API_KEY`, which the flag overrides), vLLM answers 401 `{"error": "Unauthorized"}` to
+any request under /v1, /v2, /inference or /cohere without `Authorization: Bearer <key>`
+(vllm/entrypoints/serve/middleware/authenticate.py), and SGLang to any request but
+/health*, /ready* and /metrics* (sglang/srt/utils/auth.py); /health and /metrics stay
+open on both.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
+import hmac
 import json
 import select
 import socket
@@ -24,6 +33,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from lab.clock import LabClock
+from lab.config import engine_api_keys
 from lab.sim.physics import Step
 from lab.sim.serving import EngineCore, RequestRecord, ScenarioLike
 from lab.sim.text import Workload, classify_prompt
@@ -35,6 +45,9 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 CHAT_NATURAL_REPLY_TOKENS = 512
 MAX_LOGPROBS = 20
 _CHAT_MARKERS = {"system": "<|im_system|>", "user": "<|im_user|>", "assistant": "<|im_assistant|>"}
+# The paths each engine holds behind its API key (see the module's docstring).
+VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+SGLANG_OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
 
 class RequestError(Exception):
@@ -125,6 +138,10 @@ class ServingEngine:
             kv_capacity=kv_capacity_tokens,
         )
         self.version = str(config["engine"].get("version", ""))
+        self.engine_name = str(config["engine"].get("name", "vllm"))
+        # What the engine was started with, as it reads it: the key itself (lab.session
+        # puts the job's key in the uploaded spec), hashed as vLLM keeps it.
+        self._api_keys = [hashlib.sha256(k.encode()).digest() for k in engine_api_keys(config)]
         self._host = host
         self._port = port
         self._server: _Server | None = None
@@ -150,6 +167,26 @@ class ServingEngine:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._server = None
+
+    def guarded(self, path: str) -> bool:
+        """Whether a request for `path` needs the API key (none without one)."""
+        if not self._api_keys:
+            return False
+        if self.engine_name == "sglang":
+            return not path.startswith(SGLANG_OPEN_PREFIXES)
+        return path.startswith(VLLM_GUARDED_PREFIXES)
+
+    def authorized(self, authorization: str | None) -> bool:
+        """Whether an `Authorization` header carries one of the engine's keys (Bearer,
+        compared in constant time, as the engines do)."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.encode("utf-8", errors="replace")).digest()
+        match = False
+        for key in self._api_keys:
+            match |= hmac.compare_digest(digest, key)
+        return match
 
     @property
     def url(self) -> str:
@@ -229,8 +266,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routing -----------------------------------------------------------------------
 
+    def _refused(self, path: str) -> bool:
+        """Answer 401 (and True) when `path` needs the API key and the request lacks it."""
+        engine = self.engine
+        if not engine.guarded(path) or engine.authorized(self.headers.get("Authorization")):
+            return False
+        self._send_json(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
+        if self._refused(path):
+            return
         if path == "/health":
             self._send(200, b"", "application/json")
         elif path == "/version":
@@ -253,6 +300,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         arrival = self.arrival
         path = self.path.split("?", 1)[0]
+        if self.engine.guarded(path) and not self.engine.authorized(self.headers.get("Authorization")):
+            self._discard_body()
+            self._refused(path)
+            return
         if path not in ("/v1/completions", "/v1/chat/completions"):
             self._discard_body()
             if path in ("/health", "/version", "/v1/models", "/metrics"):

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from lab.config import config_secrets, mask_config, mask_secret, mask_text
 from reports import figures as fig
 from reports.sections.configurations import configuration_label, measurement_after
 from reports.structure import Block, Row, StageSection, as_number, value_text, workloads_in
@@ -271,6 +272,7 @@ def tuned_configuration_appendix(
     tuned = findings.get("tuned")
     if not isinstance(tuned, Mapping) or not tuned:
         return None
+    tuned = _without_secrets(tuned, findings.get("config"))
     blocks: list[Block] = [
         Block(
             "paragraph",
@@ -333,6 +335,29 @@ def tuned_configuration_appendix(
         blocks.append(Block("heading", "Difference from your file"))
         blocks.append(Block("diff", rows=lines))
     return StageSection("tuned-config", number, "The tuned configuration", True, blocks)
+
+
+def _without_secrets(tuned: Mapping[str, Any], customer: Any) -> dict[str, Any]:
+    """`findings.tuned` with every secret masked. The platform masks them where a
+    configuration enters (lab.config, "secrets"), so this changes nothing in a document it
+    wrote since; it keeps a document written before from printing a key in the report."""
+    clear = config_secrets(tuned["config"]) if isinstance(tuned.get("config"), Mapping) else []
+    if isinstance(customer, Mapping):
+        clear += config_secrets(customer)
+
+    def masked(text: str) -> str:
+        for secret in sorted(set(clear), key=len, reverse=True):
+            text = text.replace(secret, mask_secret(secret))
+        return mask_text(text)
+
+    out = dict(tuned)
+    if isinstance(out.get("config"), Mapping):
+        out["config"] = mask_config(out["config"])
+    for key in ("command", "diff"):
+        if isinstance(out.get(key), str):
+            out[key] = masked(out[key])
+    out["changes"] = [mask_config(c) if isinstance(c, Mapping) else c for c in out.get("changes") or []]
+    return out
 
 
 def lab_time_appendix(findings: Mapping[str, Any], number: str) -> StageSection | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from diagnostic.pipelines.client import EndpointError, normalize_endpoint
+from diagnostic.pipelines.client import EndpointError, bearer_headers, normalize_endpoint
 
 REQUEST_TIMEOUT_S = 120.0
 
@@ -20,10 +20,13 @@ class ModelEndpoint:
     """One served model behind an endpoint URL."""
 
     def __init__(
-        self, endpoint: str, *, model: str | None = None, timeout_s: float = REQUEST_TIMEOUT_S
+        self, endpoint: str, *, model: str | None = None, timeout_s: float = REQUEST_TIMEOUT_S,
+        api_key: str | None = None,
     ) -> None:
         self.base = normalize_endpoint(endpoint)
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), trust_env=False)
+        # An engine started with an API key refuses /v1 requests without it (client.py).
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), trust_env=False,
+                                  headers=bearer_headers(api_key))
         self._model = model
 
     def close(self) -> None:

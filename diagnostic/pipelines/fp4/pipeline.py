@@ -26,7 +26,7 @@ from typing import Any
 from scipy import stats as scipy_stats
 
 from diagnostic.pipelines.changes import apply_changes, change
-from diagnostic.pipelines.client import EndpointError
+from diagnostic.pipelines.client import EndpointError, session_api_key
 from diagnostic.pipelines.fp4 import backends as bk
 from diagnostic.pipelines.fp4 import canaries as cn
 from diagnostic.pipelines.fp4 import dispatch, likelihood
@@ -150,7 +150,7 @@ class _Stage:
     def checks(self, backend: str, label: str) -> dict[str, Any]:
         """Canaries, likelihood and probe against what is serving now."""
         t0 = self.session.clock.now()
-        with ModelEndpoint(self.session.endpoint) as endpoint:
+        with ModelEndpoint(self.session.endpoint, api_key=session_api_key(self.session)) as endpoint:
 
             def ask(canary: cn.Canary) -> str:
                 try:

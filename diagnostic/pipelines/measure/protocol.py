@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from diagnostic.pipelines.client import EndpointError, StreamClient, StreamRun, normalize_endpoint
+from diagnostic.pipelines.client import (
+    EndpointError,
+    StreamClient,
+    StreamRun,
+    normalize_endpoint,
+    session_api_key,
+)
 from diagnostic.pipelines.measure import claim as claims
 from diagnostic.pipelines.measure.summary import figure
 from diagnostic.pipelines.stats import OUTLIER_RULE, summarize
@@ -128,6 +134,7 @@ def measure_endpoint(
     settle_s: float = 1.0,
     log_resolution_s: float = 1.0,
     progress: Callable[[str], None] | None = None,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Run the measurement protocol against one OpenAI-compatible endpoint.
 
@@ -139,7 +146,9 @@ def measure_endpoint(
     clock's `now` on a lab), used with `to_lab` to place requests on the log's clock.
     `request_timeout_s`: wall seconds after which a run is abandoned (recorded, not
     counted). `settle_s`: wall seconds to wait after each workload before checking for
-    requests the server still runs.
+    requests the server still runs. `api_key`: sent as `Authorization: Bearer` on every
+    request to the endpoint (a server started with --api-key refuses requests without it);
+    it appears nowhere in the result.
     """
     if n < 2:
         raise MeasurementError(f"n: at least 2 runs are needed for an interval, got {n}")
@@ -156,7 +165,7 @@ def measure_endpoint(
             "count of the received text; pass the model's tokenizer to count delivered tokens independently"
         )
     chosen = [w if isinstance(w, Workload) else load_workload(w) for w in workloads]
-    with StreamClient(endpoint, api=api) as client:
+    with StreamClient(endpoint, api=api, api_key=api_key) as client:
         if model is None:
             listed = client.models()
             if not listed:
@@ -238,9 +247,12 @@ def session_log_source(session: LabSession, node: str | None = None) -> LogSourc
 
 def measure_on_session(session: LabSession, *, engine: str = "vllm", **options: Any) -> dict[str, Any]:
     """`measure_endpoint` against the engine a lab session launched: its endpoint, tokenizer,
-    /metrics, head-node log, and its clock for lab time. `options` go to measure_endpoint;
-    without `settle_s` the settle wait is SETTLE_LAB_S of the session's lab time."""
+    /metrics, head-node log, its API key (the session's own for the job: an engine started
+    with authentication on asks for it), and its clock for lab time. `options` go to
+    measure_endpoint; without `settle_s` the settle wait is SETTLE_LAB_S of the session's
+    lab time."""
     endpoint = session.endpoint
+    options.setdefault("api_key", session_api_key(session))
     options.setdefault("settle_s", max(SETTLE_MIN_WALL_S, session.clock.wall_seconds(SETTLE_LAB_S)))
     return measure_endpoint(
         endpoint,

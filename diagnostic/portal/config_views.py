@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from diagnostic.bookings.configs import submit_configuration
+from diagnostic.bookings.configs import masked_submission, submit_configuration
 from diagnostic.bookings.models import Booking, cancel_waiting_jobs
 from diagnostic.controlchars import checks_control_characters
 from diagnostic.jobs.orchestration import create_job
@@ -36,7 +36,7 @@ from diagnostic.portal.submission import (
     normalized_yaml,
     yaml_text_from_upload,
 )
-from lab.config import JIT_CACHES, KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, SPEC_METHODS
+from lab.config import JIT_CACHES, KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, SPEC_METHODS, mask_text
 
 CHOICES = {
     "engine.name": ("vllm", "sglang"),
@@ -140,6 +140,18 @@ def _initial(waiting: Any) -> dict[str, str]:
     return {**values, "source": Source.YAML, "yaml_text": text}
 
 
+def _masked_values(values: dict[str, str], submission: Submission) -> dict[str, str]:
+    """The page's inputs with no secret in them: the configuration's own text as intake
+    keeps it (masked_submission), every other input through mask_text."""
+    masked = {name: mask_text(value) for name, value in values.items()}
+    kept, _ = masked_submission(submission.raw_text, submission.source)
+    if submission.source == Source.COMMAND:
+        masked["command"] = kept
+    elif submission.source == Source.YAML:
+        masked["yaml_text"] = kept
+    return masked
+
+
 def _fits_the_lab(submission: Submission, booking: Booking) -> None:
     """A layout needing more nodes than the booked lab has is refused at intake, beside the
     parallel layout (a day it could not run would be the customer's configuration)."""
@@ -187,7 +199,9 @@ def booking_config(request: HttpRequest, booking_id: str) -> HttpResponse:
         return _confirm(request, booking, submission)
     context = {
         "booking": booking,
-        "values": values,
+        # What the confirm button sends back: the submission with every secret masked, as
+        # it will be stored (the lab's engine gets a key of the platform's own).
+        "values": _masked_values(values, submission),
         "normalized_yaml": normalized_yaml(submission.normalized),
         "launch_command": launch_preview(submission.normalized, booking.lab_day.lab),
     }

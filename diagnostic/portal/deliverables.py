@@ -60,4 +60,4 @@ def tuned_configuration_yaml(job: DiagnosticJob) -> str:
             )
     else:
         header.append("# The diagnostic proved no change to the configuration you submitted.")
-    return "\n".join(header) + "\n" + yaml.safe_dump(tuned, sort_keys=False)
+    return "\n".join(header) + "\n" + yaml.safe_dump(tuned, sort_keys=False, allow_unicode=True)

@@ -258,4 +258,4 @@ def launch_preview(normalized: Mapping[str, Any], lab: Lab | None = None) -> str
 
 
 def normalized_yaml(normalized: Mapping[str, Any]) -> str:
-    return yaml.safe_dump(dict(normalized), sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(dict(normalized), sort_keys=False, default_flow_style=False, allow_unicode=True)

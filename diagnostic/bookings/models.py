@@ -134,8 +134,8 @@ class Lab(models.Model):
 
     def node_count(self) -> int | None:
         """How many nodes the lab has, from what is known of it without reaching it: its
-        mirrored nodes, else its inventory file, else (a simulated lab not yet started) its
-        scenario; None when none of them says."""
+        mirrored nodes (the diagnose command and the lab-health poll keep them), else its
+        inventory file; None when neither says."""
         mirrored = self.nodes.count()
         if mirrored:
             return mirrored
@@ -146,13 +146,6 @@ class Lab(models.Model):
             try:
                 return len(load_inventory(path).nodes)
             except (InventoryError, OSError):
-                return None
-        if self.is_simulated:
-            from lab.sim.scenario import ScenarioError, load_scenario
-
-            try:
-                return len(load_scenario(self.inventory[len(SIM_PREFIX):]).node_names)
-            except (ScenarioError, OSError):
                 return None
         return None
 

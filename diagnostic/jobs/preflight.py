@@ -37,7 +37,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     if len(nodes) < needed:
         ctx.add_finding(
-            "lab.insufficient_nodes",
+            "config.layout_exceeds_lab",
             f"The configuration needs {needed} nodes (tp {parallel['tp']} x pp {parallel['pp']}); "
             f"the lab has {len(nodes)}",
             evidence={"needed": needed, "available": len(nodes), "nodes": [n.name for n in nodes]},

@@ -27,6 +27,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import ObjectDoesNotExist
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
@@ -153,7 +154,12 @@ class StaffAdminSite(admin.AdminSite):
                 response = turned_away(request)
                 add_never_cache_headers(response)
                 return response
-            return inner(request, *args, **kwargs)
+            try:
+                return inner(request, *args, **kwargs)
+            except ObjectDoesNotExist:
+                # django-otp's device config and QR views look a device up with .get(): a
+                # device that is not there is a 404, not a 500.
+                raise Http404("no such object") from None
 
         return cast(AdminView, update_wrapper(door, inner))
 

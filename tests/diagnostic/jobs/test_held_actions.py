@@ -93,7 +93,7 @@ def test_a_stage_that_stopped_the_job_is_retried_and_its_findings_go_with_it(
     assert job.status == "failed" and job.stop_side == "customer"
     preflight = StageRun.objects.get(job=job, name="preflight")
     assert actions.retryable(preflight)
-    assert Finding.objects.filter(job=job, code="lab.insufficient_nodes").exists()
+    assert Finding.objects.filter(job=job, code="config.layout_exceeds_lab").exists()
     with django_capture_on_commit_callbacks(execute=False):
         said = actions.retry_stage(job, "preflight")
     assert said == "Retrying preflight, then report."

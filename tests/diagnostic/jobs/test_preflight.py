@@ -101,7 +101,7 @@ def test_a_lab_with_too_few_nodes_blocks_before_asking_for_facts(make_job: MakeJ
     assert job.stop_side == "customer"
     finding = Finding.objects.get(job=job)
     assert (finding.code, finding.evidence["needed"], finding.evidence["available"]) == (
-        "lab.insufficient_nodes", 8, 4)
+        "config.layout_exceeds_lab", 8, 4)
 
 
 def test_a_node_clock_far_from_the_others_is_kept_for_staff(make_job: MakeJob) -> None:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from diagnostic.bookings.models import Booking, Lab, LabDay, book_lab_day
+from diagnostic.bookings.models import Booking, Lab, LabDay, LabNode, book_lab_day
 from diagnostic.jobs.models import DiagnosticJob
 from tests.diagnostic.conftest import Cast, logged_in, make_customer
 
@@ -228,7 +228,11 @@ def test_a_layout_bigger_than_the_booked_lab_is_refused_at_intake(
     cast: Cast, booking: Booking, started: list[DiagnosticJob], source: str
 ) -> None:
     # The attack: --tensor-parallel-size 16 on the 8-node lab, previewed and confirmed, so
-    # the day could not run and would end free. Refused before anything is stored.
+    # the day could not run and would end free. Refused before anything is stored. (The
+    # lab's nodes as the diagnose command and the lab-health poll mirror them.)
+    for i in range(1, 9):
+        LabNode.objects.create(lab=booking.lab_day.lab, name=f"spark-{i:02d}",
+                               role="head" if i == 1 else "worker")
     if source == "command":
         data = {"source": "command", "command": COMMAND.replace("--tensor-parallel-size 8",
                                                                 "--tensor-parallel-size 16")}

@@ -73,3 +73,18 @@ def finished_job(booking: Booking, out_dir: Path, *, approved: bool = True) -> O
 def alices(cast: Cast, days_ahead: list[LabDay], out_dir: Path) -> Owned:
     booking = book_lab_day(lab_day=days_ahead[3], customer=cast.alice)
     return finished_job(booking, out_dir)
+
+
+@pytest.fixture
+def booking(cast: Cast, days_ahead: list[LabDay]) -> Booking:
+    """Alice's booking of the first bookable day ahead."""
+    return book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[DiagnosticJob]:
+    """Jobs handed on for running (not run here: the job page tests cover running)."""
+    jobs: list[DiagnosticJob] = []
+    monkeypatch.setattr("diagnostic.portal.config_views.start_job", jobs.append)
+    return jobs
+

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from diagnostic.bookings.models import Booking, Lab, LabDay, LabNode, book_lab_day
+from diagnostic.bookings.models import Booking, Lab, LabNode
 from diagnostic.jobs.models import DiagnosticJob
 from tests.diagnostic.conftest import Cast, logged_in, make_customer
 
@@ -42,17 +42,8 @@ FORM = {
 }
 
 
-@pytest.fixture
-def booking(cast: Cast, days_ahead: list[LabDay]) -> Booking:
-    return book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
 
 
-@pytest.fixture
-def started(monkeypatch: Any) -> list[DiagnosticJob]:
-    """Jobs handed on for running (not run here: the job page tests cover running)."""
-    jobs: list[DiagnosticJob] = []
-    monkeypatch.setattr("diagnostic.portal.config_views.start_job", jobs.append)
-    return jobs
 
 
 def url(booking: Booking) -> str:

@@ -14,7 +14,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import DataError
 from django.test import Client
 
-from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab, LabDay, book_lab_day
+from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab
 from diagnostic.jobs.models import DiagnosticJob, FindingEdit, StageRun
 from diagnostic.staff.apps import STAFF_GROUP
 from tests.diagnostic.conftest import REFERENCE_CONFIG, Cast, logged_in
@@ -25,16 +25,8 @@ pytestmark = pytest.mark.django_db
 BASE = REFERENCE_CONFIG.read_text().replace("extra_args: []\n", "")
 
 
-@pytest.fixture
-def booking(cast: Cast, days_ahead: list[LabDay]) -> Booking:
-    return book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
 
 
-@pytest.fixture
-def started(monkeypatch: Any) -> list[DiagnosticJob]:
-    jobs: list[DiagnosticJob] = []
-    monkeypatch.setattr("diagnostic.portal.config_views.start_job", jobs.append)
-    return jobs
 
 
 def config_url(booking: Booking) -> str:

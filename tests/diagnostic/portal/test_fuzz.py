@@ -10,7 +10,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagnostic.bookings.models import Booking, LabDay, book_lab_day
+from diagnostic.bookings.models import Booking
 from diagnostic.portal.submission import STRUCTURED_FIELDS, input_name
 from tests.diagnostic.conftest import Cast
 
@@ -99,9 +99,6 @@ form_values = st.fixed_dictionaries(
 )
 
 
-@pytest.fixture
-def booking(cast: Cast, days_ahead: list[LabDay]) -> Booking:
-    return book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
 
 
 def check(response: Any, error_input: str) -> None:

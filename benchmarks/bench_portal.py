@@ -46,6 +46,7 @@ def production_env(database_url: str, static_root: Path, out_dir: Path) -> dict[
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="diagnostic.settings", DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50),
+        DEFAULT_FROM_EMAIL="diagnostic@bench-firm.net",
         ALLOWED_HOSTS="127.0.0.1", DATABASE_URL=database_url, DB_CONN_MAX_AGE="60",
         STATIC_ROOT=str(static_root), DIAG_OUT_DIR=str(out_dir), LOG_LEVEL="WARNING",
         # Plain HTTP on loopback: no TLS proxy in front, so no redirect and no Secure cookies.

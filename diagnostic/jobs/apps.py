@@ -10,6 +10,7 @@ class JobsConfig(AppConfig):
     verbose_name = "Diagnostic jobs"
 
     def ready(self) -> None:
+        import diagnostic.checks  # noqa: F401 - registers the deployment checks
         from diagnostic.jobs.registry import load_adapters
 
         load_adapters()

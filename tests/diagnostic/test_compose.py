@@ -128,7 +128,7 @@ def test_the_app_runs_as_production_with_https_only_cookies(compose: dict[str, A
 
 def test_the_settings_compose_gives_pass_check_deploy(compose: dict[str, Any], tmp_path: Path) -> None:
     dot_env = {"SECRET_KEY": "Zt8-qL3v_Xw9NcR2yB7mKdH5sJ1gA4uE6fV0oPiT-lQ8rWz_YxCnMeBhGaSdFjKoU",
-               "POSTGRES_PASSWORD": "Hq2_Vn8-Lw4xTz7KbRm1"}
+               "POSTGRES_PASSWORD": "Hq2_Vn8-Lw4xTz7KbRm1", "DEFAULT_FROM_EMAIL": "diagnostic@lab-firm.net"}
     env = {k: interpolate(v, dot_env) for k, v in app_environment(compose, "web").items()}
     assert env["DATABASE_URL"] == "postgres://diagnostic:Hq2_Vn8-Lw4xTz7KbRm1@postgres:5432/diagnostic"
     # DJANGO_ALLOW_ASYNC_UNSAFE: set for the browser tier in this process; never in a deployment.
@@ -142,3 +142,24 @@ def test_the_settings_compose_gives_pass_check_deploy(compose: dict[str, Any], t
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no issues" in done.stdout
+
+
+def test_the_sender_address_is_required_and_a_localhost_one_fails_check_deploy(
+        compose: dict[str, Any], tmp_path: Path) -> None:
+    """Customers' mail comes from an address the deployment names: compose stops without
+    one, and `check --deploy` refuses the development default."""
+    for service in ("web", "worker", "beat"):
+        with pytest.raises(LookupError, match=r"DEFAULT_FROM_EMAIL: set DEFAULT_FROM_EMAIL in \.env"):
+            interpolate(app_environment(compose, service)["DEFAULT_FROM_EMAIL"], {})
+    assert "DEFAULT_FROM_EMAIL=" in COMPOSE_FILE.read_text().split("\nx-app-env", 1)[0]
+    dropped = ("DEBUG", "DIAG_DB", "DJANGO_ALLOW_ASYNC_UNSAFE", "DATABASE_URL")
+    base = {k: v for k, v in os.environ.items() if k not in dropped}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy"],
+        cwd=REPO, env={**base, "DEBUG": "0",
+                       "SECRET_KEY": "Zt8-qL3v_Xw9NcR2yB7mKdH5sJ1gA4uE6fV0oPiT-lQ8rWz_YxCnMeBhGaSdFjKoU",
+                       "DEFAULT_FROM_EMAIL": "diagnostic@localhost", "DIAG_OUT_DIR": str(tmp_path / "out")},
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode != 0
+    assert "diagnostic.E001" in done.stderr and "DEFAULT_FROM_EMAIL: 'diagnostic@localhost'" in done.stderr

@@ -29,6 +29,7 @@ def production_env(tmp_path: Path) -> dict[str, str]:
         DEBUG="0",
         SECRET_KEY="x" * 64 + "-production-probe-key",
         ALLOWED_HOSTS="portal.example.com",
+        DEFAULT_FROM_EMAIL="diagnostic@portal-firm.net",
         DIAG_OUT_DIR=str(tmp_path / "out"),
     )
     return env

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from diagnostic.bookings.configs import submit_configuration
@@ -27,6 +27,7 @@ from diagnostic.bookings.models import SIM_PREFIX, Booking, Customer, Lab, LabDa
 from diagnostic.jobs.labaccess import open_lab_session
 from diagnostic.jobs.models import DiagnosticJob
 from diagnostic.jobs.orchestration import create_job, run_until_done
+from diagnostic.staff.apps import STAFF_GROUP, ensure_staff_group
 
 REPO = Path(settings.BASE_DIR)
 SCENARIO = REPO / "lab" / "scenarios" / "reference-kimi-k2-8spark.yaml"
@@ -44,11 +45,17 @@ class Person:
     day_offset: int = 0  # the demo booking's lab day, relative to today
 
 
+# The seeded days are yesterday and today: a report is on time until the end of the first
+# business day after its lab day (reports.moneyback.report_deadline), and only those two
+# days are sure to be on time whatever the weekday the demo is seeded on.
 CAST = (
-    Person("alice@acme.example", "Acme Inference", -2),
-    Person("bob@globex.example", "Globex Serving", -1),
+    Person("alice@acme.example", "Acme Inference", -1),
+    Person("bob@globex.example", "Globex Serving", 0),
     Person("staff@lab.example", None),
 )
+# A second simulated lab of the same scenario, with no seeded days, on which a visitor
+# books today to watch a run (`manage.py serve_lab` serves it; README "Looking at the portal").
+SPARE_LAB_NAME = "sim:spare-kimi-k2-8spark"
 
 
 class SimLabNotStarted(RuntimeError):
@@ -94,8 +101,8 @@ def serving_sim_lab(lab: Lab, *, timeout_s: float = START_TIMEOUT_S) -> Iterator
             process.wait()
 
 
-def demo_lab() -> Lab:
-    lab, _ = Lab.objects.get_or_create(name=LAB_NAME, defaults={"inventory": f"{SIM_PREFIX}{SCENARIO}"})
+def demo_lab(name: str = LAB_NAME) -> Lab:
+    lab, _ = Lab.objects.get_or_create(name=name, defaults={"inventory": f"{SIM_PREFIX}{SCENARIO}"})
     today = timezone.localdate()
     for offset in range(-7, DAYS_AHEAD):
         LabDay.objects.get_or_create(lab=lab, date=today + dt.timedelta(days=offset))
@@ -108,6 +115,10 @@ def _user(person: Person, password: str) -> User:
     user.is_staff = person.organisation is None
     user.set_password(password)
     user.save()
+    if user.is_staff:
+        # The dashboard's acting permissions (approve and send, refunds) come with the group.
+        ensure_staff_group()
+        user.groups.add(Group.objects.get(name=STAFF_GROUP))
     if person.organisation is not None:
         organisation, _ = Organisation.objects.get_or_create(name=person.organisation)
         Customer.objects.get_or_create(user=user, defaults={"organisation": organisation})
@@ -134,6 +145,7 @@ def _diagnose(booking: Booking, user: User) -> DiagnosticJob:
 def seed(password: str, *, log: Any = None) -> list[dict[str, Any]]:
     """Create (or bring up to date) the demo cast and their finished diagnostics."""
     lab = demo_lab()
+    demo_lab(SPARE_LAB_NAME)
     users = {p.email: _user(p, password) for p in CAST}
     staff = users[CAST[-1].email]
     todo: list[tuple[User, Booking]] = []

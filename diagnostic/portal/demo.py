@@ -43,19 +43,21 @@ class Person:
     email: str
     organisation: str | None  # None: staff
     day_offset: int = 0  # the demo booking's lab day, relative to today
+    lab: str = ""  # the Lab its demo day is on (by name)
 
 
-# The seeded days are yesterday and today: a report is on time until the end of the first
-# business day after its lab day (reports.moneyback.report_deadline), and only those two
-# days are sure to be on time whatever the weekday the demo is seeded on.
+# The portal's calendar shows one lab (the demo lab). A report is on time until the end of
+# the first business day after its lab day (reports.moneyback.report_deadline), so only
+# yesterday's and today's days are sure to be on time whatever the weekday the demo is
+# seeded on. Alice's seeded day is yesterday on the demo lab; Bob's is yesterday on a second
+# simulated lab that opens no other day. Today on the demo lab stays free for a visitor to
+# book and watch a run (`manage.py serve_lab` serves the lab; README "Looking at the portal").
+SECOND_LAB_NAME = "sim:second-kimi-k2-8spark"
 CAST = (
-    Person("alice@acme.example", "Acme Inference", -1),
-    Person("bob@globex.example", "Globex Serving", 0),
+    Person("alice@acme.example", "Acme Inference", -1, LAB_NAME),
+    Person("bob@globex.example", "Globex Serving", -1, SECOND_LAB_NAME),
     Person("staff@lab.example", None),
 )
-# A second simulated lab of the same scenario, with no seeded days, on which a visitor
-# books today to watch a run (`manage.py serve_lab` serves it; README "Looking at the portal").
-SPARE_LAB_NAME = "sim:spare-kimi-k2-8spark"
 
 
 class SimLabNotStarted(RuntimeError):
@@ -101,12 +103,19 @@ def serving_sim_lab(lab: Lab, *, timeout_s: float = START_TIMEOUT_S) -> Iterator
             process.wait()
 
 
-def demo_lab(name: str = LAB_NAME) -> Lab:
+def demo_lab(name: str = LAB_NAME, offsets: range | tuple[int, ...] = range(-7, DAYS_AHEAD)) -> Lab:
+    """The simulated Lab `name` with a LabDay at each offset (days from today)."""
     lab, _ = Lab.objects.get_or_create(name=name, defaults={"inventory": f"{SIM_PREFIX}{SCENARIO}"})
     today = timezone.localdate()
-    for offset in range(-7, DAYS_AHEAD):
+    for offset in offsets:
         LabDay.objects.get_or_create(lab=lab, date=today + dt.timedelta(days=offset))
     return lab
+
+
+def _lab_of(person: Person) -> Lab:
+    if person.lab == LAB_NAME:
+        return demo_lab()
+    return demo_lab(person.lab, (person.day_offset,))
 
 
 def _user(person: Person, password: str) -> User:
@@ -144,26 +153,26 @@ def _diagnose(booking: Booking, user: User) -> DiagnosticJob:
 
 def seed(password: str, *, log: Any = None) -> list[dict[str, Any]]:
     """Create (or bring up to date) the demo cast and their finished diagnostics."""
-    lab = demo_lab()
-    demo_lab(SPARE_LAB_NAME)
+    demo_lab()
     users = {p.email: _user(p, password) for p in CAST}
     staff = users[CAST[-1].email]
-    todo: list[tuple[User, Booking]] = []
+    todo: dict[str, tuple[Lab, list[tuple[User, Booking]]]] = {}
     for person in CAST:
         if person.organisation is None:
             continue
         user = users[person.email]
+        lab = _lab_of(person)
         if _finished_booking(user, lab, person.day_offset) is None:
             day = LabDay.objects.get(
                 lab=lab, date=timezone.localdate() + dt.timedelta(days=person.day_offset)
             )
             Booking.objects.filter(lab_day=day).exclude(status="cancelled").update(status="cancelled")
-            todo.append((user, book_lab_day(lab_day=day, customer=user)))
-    if todo:
+            todo.setdefault(lab.name, (lab, []))[1].append((user, book_lab_day(lab_day=day, customer=user)))
+    for lab, runs in todo.values():
         with serving_sim_lab(lab):
-            for user, booking in todo:
+            for user, booking in runs:
                 if log:
-                    log(f"running the diagnostic of {booking} on the simulated lab")
+                    log(f"running the diagnostic of {booking} on the simulated lab {lab.name}")
                 job = _diagnose(booking, user)
                 if log:
                     log(f"  job {job.pk}: {job.status}")

@@ -8,6 +8,7 @@ import io
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from diagnostic.bookings.models import Lab, LabDay
 from diagnostic.portal import demo
@@ -36,27 +37,30 @@ def test_every_seeded_day_has_its_report_on_time_whatever_the_weekday(weekday: i
             assert sent < report_deadline(today + dt.timedelta(days=person.day_offset)), person
 
 
-def test_the_seeded_days_differ_and_leave_the_spare_lab_free() -> None:
-    offsets = [p.day_offset for p in demo.CAST if p.organisation is not None]
-    assert len(set(offsets)) == len(offsets)
-    spare = demo.demo_lab(demo.SPARE_LAB_NAME)
-    assert spare.is_simulated and LabDay.objects.filter(lab=spare, bookings__isnull=False).count() == 0
+def test_the_seeded_days_are_on_two_labs_and_leave_today_free_on_the_calendar_lab() -> None:
+    seeded = [(p.lab, p.day_offset) for p in demo.CAST if p.organisation is not None]
+    assert len(set(seeded)) == len(seeded)
+    assert all(offset < 0 for _, offset in seeded)
+    second = demo._lab_of(demo.CAST[1])
+    # The second lab opens only its seeded day, so the calendar (one lab) never shows it.
+    assert list(LabDay.objects.filter(lab=second).values_list("date", flat=True)) == [
+        timezone.localdate() - dt.timedelta(days=1)]
 
 
 def test_serve_lab_refuses_an_unknown_or_real_lab_naming_the_labs() -> None:
     demo.demo_lab()
-    with pytest.raises(CommandError, match=r"--lab 'nope' is not a lab here; labs: sim:reference-kimi-k2-8spark"):
+    with pytest.raises(CommandError, match=r"--lab .nope. is not a lab here; labs: sim:reference-kimi"):
         call_command("serve_lab", "--lab", "nope")
     Lab.objects.create(name="real", inventory="/etc/lab/inventory.yaml")
     with pytest.raises(CommandError, match=r"only a simulated lab"):
         call_command("serve_lab", "--lab", "real")
 
 
-def test_serve_lab_serves_the_spare_lab_and_stops(tmp_path, settings) -> None:  # type: ignore[no-untyped-def]
+def test_serve_lab_serves_the_demo_lab_and_stops(tmp_path, settings) -> None:  # type: ignore[no-untyped-def]
     settings.DIAG_SIM_STATE_DIR = str(tmp_path)
-    lab = demo.demo_lab(demo.SPARE_LAB_NAME)
+    lab = demo.demo_lab()
     out = io.StringIO()
     call_command("serve_lab", "--for-seconds", "0.5", stdout=out)
     text = out.getvalue()
     assert f"inventory at {lab.inventory_path()}" in text
-    assert text.rstrip().endswith(f"stopped {demo.SPARE_LAB_NAME}")
+    assert text.rstrip().endswith(f"stopped {demo.LAB_NAME}")

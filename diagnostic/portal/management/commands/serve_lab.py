@@ -10,15 +10,15 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from diagnostic.bookings.models import Lab
-from diagnostic.portal.demo import SPARE_LAB_NAME, SimLabNotStarted, serving_sim_lab
+from diagnostic.portal.demo import LAB_NAME, SimLabNotStarted, serving_sim_lab
 
 
 class Command(BaseCommand):
     help = "Serve a simulated lab (a Lab whose inventory is sim:SCENARIO) until Ctrl-C."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--lab", default=SPARE_LAB_NAME,
-                            help=f"the Lab's name (default {SPARE_LAB_NAME}, the demo's spare lab)")
+        parser.add_argument("--lab", default=LAB_NAME,
+                            help=f"the Lab's name (default {LAB_NAME}, the demo lab)")
         parser.add_argument("--for-seconds", type=float, default=None,
                             help="stop after this many seconds instead of waiting for Ctrl-C")
 

@@ -1,20 +1,31 @@
 """The review page of a job's report (`/staff/reports/<job uuid>/`): findings in the
 report's order with their words editable and their measurements read-only, the edit
-history, the kept versions with a diff between any two, approval and sending, and the
+history, the kept versions (newest first, the latest marked) with a diff between any two,
+approval and sending through a confirmation that shows exactly what goes to whom, and the
 money-back decision with its clauses, overrides and reverts."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
 
 from diagnostic.jobs.models import FindingEdit, ReportVersion
-from diagnostic.jobs.report import current_edits, render_version, version_document
+from diagnostic.jobs.report import (
+    current_edits,
+    recipients,
+    render_version,
+    version_document,
+    version_message,
+)
 from diagnostic.staff.access import (
     APPROVE,
     REFUND,
@@ -73,6 +84,33 @@ def _version(job: Any, version: str) -> ReportVersion | None:
     return next((v for v in job.report_versions.all() if v.version == version), None)
 
 
+def _newest_first(job: Any) -> list[ReportVersion]:
+    return list(job.report_versions.select_related("approved_by").order_by("-created_at", "-id"))
+
+
+def _state(version: ReportVersion, email: Any) -> str:
+    """A version's state in words: draft, approved, or sent (to whom and when: the template)."""
+    if email is not None and email.state == "sent":
+        return "sent"
+    return "approved" if version.is_approved else "draft"
+
+
+def _printed_verdict(document: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The money-back statement a version prints (and its email repeats)."""
+    if document is None:
+        return None
+    printed = document.get("money_back") or {}
+    return {"eligible": bool(printed.get("eligible")), "reason": str(printed.get("reason") or "")}
+
+
+def _last_sent(versions: list[ReportVersion], sent: dict[str, Any]) -> tuple[ReportVersion, Any] | None:
+    for version in versions:  # newest first
+        email = sent.get(version.digest)
+        if email is not None and email.state == "sent":
+            return version, email
+    return None
+
+
 @staff_required
 def report_review(request: HttpRequest, job_id: Any) -> HttpResponse:
     job = get_job(job_id)
@@ -88,14 +126,22 @@ def report_review(request: HttpRequest, job_id: Any) -> HttpResponse:
             "impact": _impact_rows(finding.code, impact),
             "history": list(finding.edits.select_related("edited_by").order_by("-edited_at", "-id")),
         })
-    versions = list(job.report_versions.select_related("approved_by").order_by("created_at", "id"))
+    versions = _newest_first(job)
     sent = sent_versions(job)
-    rows = [{"v": v, "email": sent.get(v.digest), "has_document": version_document(v) is not None}
-            for v in versions]
-    older = _version(job, request.GET.get("from", "")) or (versions[-2] if len(versions) > 1 else None)
-    newer = _version(job, request.GET.get("to", "")) or (versions[-1] if versions else None)
+    rows = [{"v": v, "email": sent.get(v.digest), "state": _state(v, sent.get(v.digest)),
+             "latest": i == 0, "has_document": version_document(v) is not None}
+            for i, v in enumerate(versions)]
+    older = _version(job, request.GET.get("from", "")) or (versions[1] if len(versions) > 1 else None)
+    newer = _version(job, request.GET.get("to", "")) or (versions[0] if versions else None)
     diff = version_diff(older, newer) if older and newer and older.pk != newer.pk else None
     decision = decision_now(job) if job.is_terminal else None
+    # What the customer was last told about the money back, when the record now says otherwise.
+    told = _last_sent(versions, sent)
+    disagreement = None
+    if told is not None and decision is not None:
+        printed = _printed_verdict(version_document(told[0]))
+        if printed is not None and printed["eligible"] != decision.eligible:
+            disagreement = {"version": told[0], "email": told[1], "printed": printed}
     trail = list(MoneyBackOverride.objects.filter(job_id=str(job.pk)).select_related(
         "decided_by", "reverts").order_by("decided_at", "id"))
     reverted = {row.reverts_id for row in trail if row.reverts_id}
@@ -111,6 +157,7 @@ def report_review(request: HttpRequest, job_id: Any) -> HttpResponse:
         "reverted": reverted,
         "late": job.booking_id is not None and is_late(job),
         "deadline": deadline_of(job),
+        "disagreement": disagreement,
         **abilities(request),
     })
 
@@ -156,12 +203,77 @@ def render_new_version(request: HttpRequest, job_id: Any) -> HttpResponse:
 
 
 @staff_may(APPROVE)
+@require_GET
+def approve_confirm(request: HttpRequest, job_id: Any, version: str) -> HttpResponse:
+    """What approving `version` sends, before it is sent: the version, the recipients, the
+    email as it will go (subject, body, its money-back statement, the attachment) and the
+    PDF's first page. An older version than the latest is sent only by saying so."""
+    job = get_job(job_id)
+    chosen = _version(job, version)
+    if chosen is None:
+        raise Http404("no such version")
+    versions = _newest_first(job)
+    sent = sent_versions(job)
+    to = recipients(job)
+    document = version_document(chosen)
+    message = None
+    if document is not None:
+        try:
+            message = version_message(chosen, to)
+        except FileNotFoundError:
+            message = None
+    return render(request, "staff/approve.html", {
+        "job": job, "version": chosen, "latest": versions[0], "is_latest": versions[0].pk == chosen.pk,
+        "recipients": to, "message": message, "printed": _printed_verdict(document),
+        "email": sent.get(chosen.digest), "state": _state(chosen, sent.get(chosen.digest)),
+        "attachment": Path(chosen.pdf_path).name,
+    })
+
+
+PAGE_PREVIEW_DPI = 60
+PAGE_PREVIEW_TIMEOUT_S = 30
+
+
+@staff_required
+@require_GET
+def version_page(request: HttpRequest, job_id: Any, version: str) -> FileResponse:
+    """The first page of a kept version's PDF as a PNG (poppler's pdftoppm), kept beside it."""
+    job = get_job(job_id)
+    chosen = _version(job, version)
+    if chosen is None:
+        raise Http404("no such version")
+    pdf = Path(chosen.pdf_path)
+    image = pdf.with_name("page-1.png")
+    if not image.is_file():
+        tool = shutil.which("pdftoppm")
+        if tool is None or not pdf.is_file():
+            raise Http404("no preview: " + ("pdftoppm (poppler-utils) is not installed" if tool is None
+                                            else "the version's PDF is missing"))
+        done = subprocess.run(
+            [tool, "-png", "-r", str(PAGE_PREVIEW_DPI), "-f", "1", "-l", "1", "-singlefile",
+             str(pdf), str(image.with_suffix(""))],
+            capture_output=True, timeout=PAGE_PREVIEW_TIMEOUT_S, check=False)
+        if done.returncode != 0 or not image.is_file():
+            raise Http404("no preview: pdftoppm could not read the version's PDF")
+    return FileResponse(image.open("rb"), content_type="image/png")
+
+
+@staff_may(APPROVE)
 @require_POST
 def approve_version(request: HttpRequest, job_id: Any) -> HttpResponse:
     job = get_job(job_id)
     version = _version(job, request.POST.get("version", ""))
     if version is None:
         raise Http404("no such version")
+    confirm = reverse("staff:approve-confirm", kwargs={"job_id": job.pk, "version": version.version})
+    if request.POST.get("confirmed") != "yes":
+        # Approving sends email: only from the confirmation page, which shows what goes to whom.
+        return redirect(confirm)
+    latest = _newest_first(job)[0]
+    if latest.pk != version.pk and request.POST.get("older") != "yes":
+        messages.error(request, f"Version {version.version} is not the latest ({latest.version}); to send "
+                                "it anyway, tick “Send this older version” below.")
+        return redirect(confirm)
     try:
         done = approve_and_send(version, by=request.user)  # type: ignore[arg-type]
     except ApprovalRefused as exc:
@@ -190,8 +302,13 @@ def money_back_override(request: HttpRequest, job_id: Any) -> HttpResponse:
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:
-        messages.success(request, "Override recorded; render a new version so the report's appendix "
-                                  "shows it.")
+        told = _last_sent(_newest_first(job), sent_versions(job))
+        after = (f" The customer was already sent version {told[0].version}, which says what the rule said "
+                 "then: render a new version and approve and send it, so that they hear this decision."
+                 if told else " Then approve and send that version: the customer hears the decision with it.")
+        messages.success(request, "Override recorded. It reaches the report only in a new version: render "
+                                  "one (the button under Versions); its appendix prints the decision and "
+                                  "its reason." + after)
     return redirect(f"/staff/reports/{job.pk}/#money-back")
 
 

@@ -73,14 +73,50 @@ def test_staff_review_approve_and_the_customer_downloads(
         "#version-diff")
     screenshot(page, "staff-04-review-diff")
     newest = ReportVersion.objects.filter(job=job).exclude(pk=first.pk).get()
-    page.click(f"tr[data-version='{newest.version}'] button.approve")
+    # Newest first, the latest marked; the older one is offered only as "older".
+    assert page.locator("table.versions tbody tr").first.get_attribute("data-version") == newest.version
+    assert page.locator(f"tr[data-version='{newest.version}'] [data-latest]").is_visible()
+    assert "draft" in page.inner_text(f"tr[data-version='{first.version}'] .state")
+
+    # The old, unedited version: its confirmation says so and will not send without saying so.
+    page.click(f"tr[data-version='{first.version}'] a.approve")
+    assert "not the latest version" in page.inner_text("#not-latest")
+    screenshot(page, "staff-05-confirm-older")
+    page.evaluate("document.querySelector('#send-older').removeAttribute('required')")
+    page.click("#confirm-send")
+    assert "is not the latest" in page.inner_text("main")
+    assert len(smtp.messages) == 0 and not ReportVersion.objects.get(pk=first.pk).is_approved
+
+    # The latest: what goes to whom, the money-back statement, the first page; then send.
+    page.goto(f"{live_server.url}/staff/reports/{job.pk}/")
+    page.click(f"tr[data-version='{newest.version}'] a.approve")
+    assert page.inner_text("#recipients") == "alice@acme.example"
+    statement = page.inner_text("#money-back-statement")
+    assert statement.startswith(("free of charge", "charged"))
+    assert NARRATIVE not in statement and "job" in page.inner_text("#subject")
+    image = page.locator("figure.page-one img")
+    for _ in range(100):  # the page image is drawn on first request (pdftoppm)
+        if image.evaluate("img => img.complete && img.naturalWidth") > 100:
+            break
+        page.wait_for_timeout(100)
+    assert image.evaluate("img => img.naturalWidth") > 100
+    screenshot(page, "staff-06-confirm-latest")
+    page.click("#confirm-send")
     assert "approved and emailed" in page.inner_text("main")
-    page.click(f"tr[data-version='{newest.version}'] button.approve")
+    assert len(smtp.messages) == 1
+    sent_body = next(part.get_payload(decode=True).decode() for part in smtp.messages[0].walk()
+                     if part.get_content_type() == "text/plain")
+    said = ("applies. This engagement is free of charge" if statement.startswith("free")
+            else "Money-back guarantee: does not apply.")
+    assert said in " ".join(sent_body.split())
+    assert "sent" in page.inner_text(f"tr[data-version='{newest.version}'] .state")
+    page.click(f"tr[data-version='{newest.version}'] a.approve")
+    page.click("#confirm-send")
     assert "none was sent again" in page.inner_text("main")
     assert len(smtp.messages) == 1
-    screenshot(page, "staff-05-approved")
+    screenshot(page, "staff-07-approved")
     page.goto(f"{live_server.url}/staff/lab/")
-    screenshot(page, "staff-06-lab")
+    screenshot(page, "staff-08-lab")
     assert errors == [], errors
     staff.close()
 

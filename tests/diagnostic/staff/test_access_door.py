@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth import SESSION_KEY
 from django.contrib.auth.models import User
 from django.test import Client
@@ -21,8 +23,9 @@ from django.urls import URLPattern, URLResolver
 from django.urls.resolvers import RegexPattern
 from django_otp.oath import totp
 from django_otp.plugins.otp_totp.models import TOTPDevice
+from pypdf import PdfWriter
 
-from diagnostic.jobs.models import DiagnosticJob
+from diagnostic.jobs.models import DiagnosticJob, ReportVersion
 from diagnostic.staff import urls as staff_urls
 from diagnostic.staff.job_views import ACTIONS
 from diagnostic.urls import admin_site
@@ -34,12 +37,13 @@ pytestmark = pytest.mark.django_db
 PASSWORD = "a long enough passphrase 42"
 # Who may use each staff URL, by name. A URL added to diagnostic/staff/urls.py fails
 # test_every_staff_url_says_who_may_use_it until it is placed here.
-LOOK = {"jobs", "job", "stage-log", "lab", "report", "job-rows", "job-timeline", "lab-sections"}
+LOOK = {"jobs", "job", "stage-log", "lab", "report", "job-rows", "job-timeline", "lab-sections",
+        "version-page"}
 ANY_STAFF_POST = {"lab-refresh"}  # asks the lab for a health poll now: every staff member
 GROUP = {"job-action", "finding-edit", "render"}  # changes what a customer receives
-PERMISSION = {"approve", "money-back", "money-back-revert"}  # the group's permissions
+PERMISSION = {"approve", "approve-confirm", "money-back", "money-back-revert"}  # the group's permissions
 DOOR = {"otp"}  # the second factor's own page
-POST_ONLY = ANY_STAFF_POST | {"finding-edit", "render"} | PERMISSION
+POST_ONLY = ANY_STAFF_POST | {"finding-edit", "render"} | (PERMISSION - {"approve-confirm"})
 
 
 def concrete(route: str, values: dict[str, str]) -> str:
@@ -63,11 +67,25 @@ def walk(patterns: list[Any], prefix: str, values: dict[str, str]) -> Iterator[t
         yield pattern.name or "", prefix + concrete(route, values)
 
 
+def kept_version(job: DiagnosticJob) -> ReportVersion:
+    """A kept version of one blank page (a real PDF: its page preview is drawn from it)."""
+    version = job.report_versions.first()
+    if version is not None:
+        return version
+    pdf = Path(settings.OUT_DIR) / "jobs" / str(job.pk) / "blank" / "report.pdf"
+    pdf.parent.mkdir(parents=True, exist_ok=True)
+    writer = PdfWriter()
+    writer.add_blank_page(width=595, height=842)
+    with pdf.open("wb") as handle:
+        writer.write(handle)
+    return ReportVersion.objects.create(job=job, digest="cd" * 32, pdf_path=str(pdf), pages=1)
+
+
 def staff_urls_of(job: DiagnosticJob, override: MoneyBackOverride) -> list[tuple[str, str]]:
     finding = job.finding_set.order_by("id").first()
     assert finding is not None
     values = {"job_id": str(job.pk), "stage": "preflight", "finding_id": str(finding.pk),
-              "override_id": str(override.pk), "action": "ACTION"}
+              "override_id": str(override.pk), "action": "ACTION", "version": kept_version(job).version}
     found = []
     for name, path in walk(staff_urls.urlpatterns, "/staff/", values):
         if name == "job-action":

@@ -10,10 +10,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     DIAG_SIM_STATE_DIR=/data/labsim \
     STATIC_ROOT=/data/static
 
-# WeasyPrint renders reports through Pango; DejaVu gives it fonts to embed.
+# WeasyPrint renders reports through Pango; DejaVu gives it fonts to embed. Poppler's
+# pdftoppm draws a version's first page on the staff's approve-and-send confirmation.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz-subset0 fonts-dejavu-core \
+        libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz-subset0 fonts-dejavu-core poppler-utils \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app

@@ -113,14 +113,38 @@ def _last_sent(versions: list[ReportVersion], sent: dict[str, Any]) -> tuple[Rep
 
 @staff_required
 def report_review(request: HttpRequest, job_id: Any) -> HttpResponse:
-    job = get_job(job_id)
+    return _review_page(request, get_job(job_id))
+
+
+def _errors_by_field(exc: ValidationError, default: str) -> dict[str, str]:
+    """A ValidationError's messages by the form field they belong to ("field: problem"
+    messages and dict errors are placed at their field; the rest at `default`)."""
+    if hasattr(exc, "error_dict"):
+        return {name: "; ".join(str(m) for e in errors for m in e.messages)
+                for name, errors in exc.error_dict.items()}
+    placed: dict[str, str] = {}
+    for message in exc.messages:
+        name, sep, problem = message.partition(": ")
+        field = name if sep and name.isidentifier() else default
+        text = problem if field == name else message
+        placed[field] = f"{placed[field]}; {text}" if field in placed else text
+    return placed
+
+
+def _review_page(request: HttpRequest, job: Any, *, status: int = 200,
+                 finding_form: dict[str, Any] | None = None,
+                 override_form: dict[str, Any] | None = None) -> HttpResponse:
+    """The review page; after a refused form, the same page (400) with the typed values
+    kept and each problem next to its field (`finding_form` / `override_form`)."""
     edits = current_edits(job)
     findings = []
     for finding in _ordered_findings(job):
         impact = finding.impact if isinstance(finding.impact, dict) else None
+        typed = finding_form if finding_form and finding_form["pk"] == finding.pk else None
         findings.append({
             "finding": finding,
-            "text": finding_text(finding, edits.get(finding.pk, {})),
+            "text": typed["values"] if typed else finding_text(finding, edits.get(finding.pk, {})),
+            "errors": typed["errors"] if typed else {},
             "evidence": _read_only_rows(finding.evidence),
             "change": _read_only_rows(finding.change),
             "impact": _impact_rows(finding.code, impact),
@@ -158,8 +182,9 @@ def report_review(request: HttpRequest, job_id: Any) -> HttpResponse:
         "late": job.booking_id is not None and is_late(job),
         "deadline": deadline_of(job),
         "disagreement": disagreement,
+        "override_form": override_form or {},
         **abilities(request),
-    })
+    }, status=status)
 
 
 @staff_group_required
@@ -169,12 +194,14 @@ def finding_edit(request: HttpRequest, job_id: Any, finding_id: int) -> HttpResp
     finding = job.finding_set.filter(pk=finding_id).first()
     if finding is None:
         raise Http404("no such finding")
+    typed = {name: request.POST.get(name, "") for name in ("title", "narrative", "note")}
     try:
-        made = edit_finding(finding=finding, by=request.user,  # type: ignore[arg-type]
-                            title=request.POST.get("title", ""), narrative=request.POST.get("narrative", ""),
-                            note=request.POST.get("note", ""))
+        made = edit_finding(finding=finding, by=request.user, **typed)  # type: ignore[arg-type]
     except ValidationError as exc:
-        messages.error(request, "; ".join(exc.messages))
+        # The page again, as typed, the problem beside its field: nothing the consultant
+        # wrote is lost, and an emptied title is refused out loud, not reverted.
+        return _review_page(request, job, status=400, finding_form={
+            "pk": finding.pk, "values": typed, "errors": _errors_by_field(exc, "title")})
     else:
         fields = ", ".join(FindingEdit.Field(e.field).label for e in made)
         messages.success(request, f"Saved {fields} of “{finding.code}”; render a new version to see it "
@@ -293,14 +320,17 @@ def approve_version(request: HttpRequest, job_id: Any) -> HttpResponse:
 def money_back_override(request: HttpRequest, job_id: Any) -> HttpResponse:
     job = get_job(job_id)
     choice = request.POST.get("eligible", "")
+    reason = request.POST.get("reason", "")
+    typed = {"eligible": choice, "reason": reason}
     if choice not in ("yes", "no"):
-        messages.error(request, "Choose whether the engagement is free (eligible) or charged.")
-        return redirect("staff:report", job_id=job.pk)
+        return _review_page(request, job, status=400, override_form={
+            **typed, "errors": {"eligible": "choose free of charge or charged"}})
     try:
         override_money_back(job_id=str(job.pk), eligible=choice == "yes",
-                            reason=request.POST.get("reason", ""), by=request.user)  # type: ignore[arg-type]
+                            reason=reason, by=request.user)  # type: ignore[arg-type]
     except ValidationError as exc:
-        messages.error(request, "; ".join(exc.messages))
+        return _review_page(request, job, status=400, override_form={
+            **typed, "errors": _errors_by_field(exc, "reason")})
     else:
         told = _last_sent(_newest_first(job), sent_versions(job))
         after = (f" The customer was already sent version {told[0].version}, which says what the rule said "

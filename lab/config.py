@@ -35,28 +35,20 @@ import yaml
 SCHEMA = "diagnostic.config/1"
 
 ENGINES = ("vllm", "sglang")
-# A command line does not carry the engine version; these are the versions the lab's
-# reference images run, used when a configuration does not say.
-DEFAULT_ENGINE_VERSIONS = {"vllm": "0.29.1", "sglang": "0.5.6"}
+# A command line does not carry the engine version; these are the releases used when a
+# configuration does not say (real releases with a table in lab/engines/releases/: any
+# version without one is refused at intake, listing those that have one).
+DEFAULT_ENGINE_VERSIONS = {"vllm": "0.34.0", "sglang": "0.5.23"}
 
 QUANTIZATIONS = ("nvfp4", "mxfp4", "fp8", "int4", "bf16")
 KV_CACHE_DTYPES = ("auto", "fp8", "bf16")
 LOAD_FORMATS = ("auto", "safetensors", "fastsafetensors")
-LOAD_STRATEGIES = ("lazy", "eager")
 JIT_CACHES = ("ephemeral", "persisted")
-# FP4 kernel overrides, per engine (vLLM --moe-backend/--linear-backend, SGLang
-# --moe-runner-backend/--fp4-gemm-backend); "auto" leaves the engine's default rule.
-MOE_BACKENDS = {
-    "vllm": ("auto", "cutlass", "deep_gemm", "flashinfer_cutedsl", "flashinfer_cutlass",
-             "flashinfer_trtllm", "marlin", "triton"),
-    "sglang": ("auto", "cutlass", "deep_gemm", "flashinfer_cutedsl", "flashinfer_cutlass",
-               "flashinfer_trtllm", "marlin", "triton", "triton_kernel"),
-}
-LINEAR_BACKENDS = {
-    "vllm": ("auto", "cutlass", "flashinfer_cudnn", "flashinfer_cutlass", "flashinfer_trtllm",
-             "marlin", "triton"),
-    "sglang": ("auto", "flashinfer_cudnn", "flashinfer_cutlass", "flashinfer_trtllm"),
-}
+# The FP4 kernel overrides (vLLM --moe-backend/--linear-backend, SGLang
+# --moe-runner-backend/--fp4-gemm-backend) and vLLM's --safetensors-load-strategy take the
+# names of the configuration's engine version: lab.engines checks them against that
+# version's flag choices (lab.engines.backend_choices lists them). Here: a name's shape.
+_CHOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 SPEC_METHODS = ("eagle3", "ngram", "mtp")
 WORKLOADS = ("code", "prose")
 REPORTED_FIELDS = ("decode_tps", "cold_start_s")
@@ -163,7 +155,7 @@ def _no_control(text: str, field: str) -> str:
 
 # The engine environment a configuration may set: the families of variables that tune the
 # engines and their communication libraries, which is what the diagnostic reads and
-# changes (NCCL_SOCKET_IFNAME, VLLM_USE_FLASHINFER_MOE_FP4, ...). Everything else is
+# changes (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, VLLM_LOGGING_LEVEL, ...). Everything else is
 # refused: the loader's (LD_*), the interpreter's (PATH, PYTHON*), proxies, hub endpoints
 # and tokens (HF_*) would let a configuration run code or fetch content on the lab.
 # lab/agent/agent.py holds the same lists (it is stdlib-only and imports nothing); a test
@@ -584,7 +576,16 @@ def _engine(raw: Any) -> dict[str, str]:
     if isinstance(version, int | float) and not isinstance(version, bool):
         # YAML reads `version: 0.10` as the float 0.1: refuse rather than guess.
         raise _fail("engine.version", f"{shown(version)} is a number; quote it, e.g. \"{shown(version)}\"")
-    return {"name": name, "version": _text(version, "engine.version")}
+    # Whether it is a modelled release (one with a table) is lab.engines' to check.
+    version = _text(version, "engine.version")
+    return {"name": name, "version": version}
+
+
+def _choice_name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not _CHOICE_NAME.fullmatch(value):
+        raise _fail(field, f"{shown(value)} is not accepted; use auto or a name the engine "
+                           "version's flag accepts (letters, digits, _ and -)")
+    return value
 
 
 def _model(raw: Any) -> dict[str, str]:
@@ -632,12 +633,11 @@ def _serving(raw: Any, engine: str) -> dict[str, Any]:
         "gpu_memory_utilization": float(util),
         "enforce_eager": _bool(merged["enforce_eager"], "serving.enforce_eager"),
         "load_format": _one_of(merged["load_format"], "serving.load_format", LOAD_FORMATS),
-        "safetensors_load_strategy": _one_of(merged["safetensors_load_strategy"],
-                                             "serving.safetensors_load_strategy", LOAD_STRATEGIES),
+        "safetensors_load_strategy": _choice_name(merged["safetensors_load_strategy"],
+                                                  "serving.safetensors_load_strategy"),
         "jit_cache": _one_of(merged["jit_cache"], "serving.jit_cache", JIT_CACHES),
-        "moe_backend": _one_of(merged["moe_backend"], "serving.moe_backend", MOE_BACKENDS[engine]),
-        "linear_backend": _one_of(merged["linear_backend"], "serving.linear_backend",
-                                  LINEAR_BACKENDS[engine]),
+        "moe_backend": _choice_name(merged["moe_backend"], "serving.moe_backend"),
+        "linear_backend": _choice_name(merged["linear_backend"], "serving.linear_backend"),
     }
     if engine == "sglang" and out["safetensors_load_strategy"] != "lazy":
         raise _fail("serving.safetensors_load_strategy",
@@ -699,7 +699,7 @@ def _env(raw: Any) -> dict[str, str]:
         if problem is not None:
             raise _fail(field, problem)
         if isinstance(value, bool):
-            # Engines read boolean switches as 1/0 (VLLM_USE_FLASHINFER_MOE_FP4=1).
+            # Engines and their libraries read boolean switches as 1/0 (NCCL_IB_DISABLE=1).
             out[key] = "1" if value else "0"
         elif isinstance(value, int | float):
             if not _finite(value):
@@ -900,3 +900,4 @@ def read_config_text(text: str, *, max_bytes: int = 65536) -> Mapping[str, Any]:
         raise ConfigError("file", "must hold a YAML mapping (schema: diagnostic.config/1, "
                                   f"engine: ..., ...), got {type(data).__name__}")
     return data
+

@@ -3,7 +3,8 @@
 A configuration reaches root-owned nodes, so beyond being well-formed (lab.config) it may
 make an engine load nothing the lab did not place there: the model must be one of the
 catalog's (model.path its path or id), an EAGLE-3 draft one listed under that model, and
-the pass-through flags that load something (`Flag.loads`) are held to the catalog too:
+the pass-through flags that load something (`Engine.loads`, by the flag's dest in
+the configuration's version) are held to the catalog too:
 remote code only for a model the catalog marks as reviewed, tokenizers, chat templates
 and generation configs only from the models directory, no download directory, and no
 compilation config that names code. Every refusal is a ConfigError naming the field.
@@ -96,10 +97,12 @@ def _compilation_config(flag: str, value: Any, model: CatalogModel, catalog: Cat
     text = str(value).strip()
     if text.isdigit() and len(text) == 1:
         return  # an optimization level, -O3 style
-    try:
-        parsed = json.loads(text)
-    except (ValueError, RecursionError):
-        parsed = None
+    parsed: Any = value  # the version's parser has read its JSON already
+    if not isinstance(value, dict):
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):
+            parsed = None
     if not isinstance(parsed, dict):
         raise _refuse(flag, f"{shown(value)} is not a level (0-3) or a JSON object")
     named = [k for k in parsed if k not in COMPILATION_KEYS]
@@ -140,15 +143,18 @@ def _reviewed_source(flag: str, value: Any, model: CatalogModel, catalog: Catalo
 
 def admit(config: Mapping[str, Any], engine: Engine, catalog: Catalog) -> None:
     """ConfigError unless everything `config` makes a node load is in `catalog`. `config`
-    is normalized and its extra_args already checked to be known pass-through flags.
-    Remote code is judged on every file the configuration loads, not the served model's
-    alone."""
+    is normalized and its extra_args already checked to be pass-through flags of its
+    version. Remote code is judged on every file the configuration loads, not the served
+    model's alone."""
     model = served_model(config, catalog)
     _draft(config, model)
-    parsed = engine.table.parse(config["extra_args"])
-    remote = any(flag.loads == "remote_code" and value for flag, value in parsed.passthrough_flags)
-    for flag, value in parsed.passthrough_flags:
-        if flag.loads:
-            CHECKS[flag.loads](flag.canonical, value, model, catalog)
-        if remote and flag.loads in CODE_SOURCES:
-            _reviewed_source(flag.canonical, value, model, catalog)
+    parser = engine.parser(config["engine"]["version"])
+    given = parser.parse(config["extra_args"], partial=True).given
+    loaded = [(g, engine.loads(parser, g.option)) for g in given]
+    remote = any(kind == "remote_code" and g.value for g, kind in loaded)
+    for g, kind in loaded:
+        flag = g.option.option_strings[0]
+        if kind:
+            CHECKS[kind](flag, g.value, model, catalog)
+        if remote and kind in CODE_SOURCES:
+            _reviewed_source(flag, g.value, model, catalog)

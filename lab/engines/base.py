@@ -1,13 +1,14 @@
-"""What vLLM and SGLang have in common: flag tables, launch specs, and the launch record.
+"""What vLLM and SGLang have in common: the release parsers, launch specs, and the launch record.
 
-Each engine module declares its flags as a table of `Flag`s; `FlagTable.parse` reads an
-argv the way the engine's argparse would (long and short names, `--flag=value`, value
-types, choices, `--no-` negations) and fails with argparse's own wording, so the
-simulated engine can reject a bad launch exactly as the real one does. Flags the
-diagnostic does not model but knows to be harmless are `passthrough`: they travel in
-`extra_args` verbatim. A pass-through flag whose value makes the engine load something
-(code, a tokenizer, a template, weights) says what in `loads`, and lab.engines.admission
-holds its value to the lab's catalog.
+Which flags an engine version has, and how its argparse reads them, comes from that
+version's table (lab.engines.argv over lab/engines/releases/*.json): nothing here lists
+flags. Each engine module holds only semantics: which flag carries which configuration
+field (`field_flags`), which flags the lab sets per node (`launch_flags`), and what a
+flag's value makes the engine load (`loads`, by the flag's dest), so that
+lab.engines.admission can hold it to the lab's catalog. Every other flag the version has
+is a pass-through: it travels in `extra_args` verbatim, unless `pass_problem` refuses it
+(a flag that points the engine at code, files or the network is set by the lab, never by
+a configuration).
 
 A command line cannot carry every field of a configuration; `UNCARRIED` lists the ones
 it cannot, and `launch_view` drops them, so that "the same configuration" can be
@@ -19,40 +20,48 @@ from __future__ import annotations
 import copy
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lab.config import JIT_CACHE_ENV, ConfigError, shown
+from lab.config import DEFAULT_ENGINE_VERSIONS, JIT_CACHE_ENV, ConfigError, shown
+from lab.engines.argv import EngineArgError, Given, Option, Parsed, ReleaseParser, release_parser
 from lab.engines.logs import Matcher
 from lab.inventory import Node
 
 # Fields a launch command (argv + env) cannot express. parse_command/parse_launch fill
-# them with defaults: engine.version from lab.config.DEFAULT_ENGINE_VERSIONS,
-# model.quantization nvfp4, cluster from tp × pp, workloads both, reported absent.
+# them: engine.version with the version given beside the command (else
+# lab.config.DEFAULT_ENGINE_VERSIONS), model.quantization nvfp4, cluster from tp × pp,
+# workloads both, reported absent.
 UNCARRIED = ("engine.version", "model.quantization", "cluster", "workloads", "reported")
 
 LAUNCH_SCHEMA = "lab.launch/1"
 MASTER_PORT = 29500  # torch.distributed rendezvous on the head's data address (vLLM)
 SGLANG_DIST_PORT = 5000  # SGLang's --dist-init-addr port
 
-# What a pass-through flag's value makes an engine load (Flag.loads).
+# What a pass-through flag's value makes an engine load (Engine.loads).
 LOADS = ("remote_code", "tokenizer", "chat_template", "generation_config", "download_dir",
          "compilation_config")
 
+# A pass-through flag whose dest has one of these words points the engine at code (plugins,
+# modules, classes, processors, middleware), at files, directories or the network, at the
+# hub, or at a JSON configuration that can name any of those: the lab sets such things
+# itself, so a configuration may not (the same rule as lab.config's for variables).
+REFUSED_DEST_WORDS = frozenset({
+    "plugin", "plugins", "module", "modules", "middleware", "cls", "class", "processor",
+    "processors", "path", "paths", "file", "files", "dir", "dirs", "directory", "root",
+    "url", "uri", "host", "addr", "address", "port", "endpoint", "endpoints", "ssl",
+    "otlp", "download", "revision", "token", "hf", "overrides", "lora", "transfer",
+    "events", "config", "corpus", "storage", "remote", "backend_path",
+})
+
+# ... and these dests, whose names do not say it: a tool server's address, a Unix socket's
+# path, and an executor backend that may name a class to import.
+REFUSED_DESTS = frozenset({"tool_server", "uds", "distributed_executor_backend"})
+
 _NEGATIVE_NUMBER = re.compile(r"^-\d+(\.\d*)?([eE][-+]?\d+)?$")
 
-
-class EngineArgError(ValueError):
-    """A launch the engine would refuse. `message` is argparse's wording without the prog
-    prefix ("unrecognized arguments: --foo"); str(error) is the whole line the engine
-    prints before exiting 2 ("vllm serve: error: unrecognized arguments: --foo")."""
-
-    def __init__(self, flag: str, message: str, prog: str = "vllm serve") -> None:
-        super().__init__(f"{prog}: error: {message}")
-        self.flag = flag
-        self.message = message
-        self.prog = prog
+__all__ = ["EngineArgError", "Given", "Option", "Parsed", "ReleaseParser"]
 
 
 # The line argparse prints before it exits 2: "<prog>: error: <message>".
@@ -86,159 +95,19 @@ class LaunchInfo:
 class ParsedLaunch(LaunchInfo):
     """What an engine process was launched with, as the simulated engine reads it.
 
-    `config` is the normalized configuration (fields in UNCARRIED hold defaults);
-    `headless` is true for a node that serves no HTTP API (vLLM --headless, SGLang
-    node_rank > 0); `master_addr`/`master_port` are the rendezvous address (vLLM
-    --master-addr/--master-port, SGLang --dist-init-addr), None when not given.
+    `config` is the normalized configuration (engine.version the version it was parsed
+    with; the other fields in UNCARRIED hold defaults); `headless` is true for a node that
+    serves no HTTP API (vLLM --headless, SGLang node_rank > 0); `master_addr`/`master_port`
+    are the rendezvous address (vLLM --master-addr/--master-port, SGLang
+    --dist-init-addr), None when not given.
     """
 
     config: dict[str, Any]
     engine: str
 
 
-@dataclass(frozen=True)
-class Flag:
-    """One command-line option. `names[0]` is the canonical spelling used in messages.
-
-    kind: "str", "int", "float" take a value; "bool" is store_true; "optbool" also
-    accepts `--no-<name>`. `convert` replaces the kind's converter (it raises ValueError
-    on a bad value, reported as "invalid <type_name> value").
-    """
-
-    names: tuple[str, ...]
-    dest: str
-    kind: str = "str"
-    choices: tuple[str, ...] = ()
-    convert: Callable[[str], Any] | None = None
-    type_name: str = ""
-    passthrough: bool = False
-    # What the engine loads because of this flag (LOADS), for pass-through flags only.
-    loads: str = ""
-
-    @property
-    def canonical(self) -> str:
-        return self.names[0]
-
-    @property
-    def takes_value(self) -> bool:
-        return self.kind not in ("bool", "optbool")
-
-
-@dataclass
-class ParsedArgs:
-    values: dict[str, Any] = field(default_factory=dict)
-    given: dict[str, str] = field(default_factory=dict)  # dest -> flag as the user wrote it
-    positionals: list[str] = field(default_factory=list)
-    passthrough: list[str] = field(default_factory=list)  # verbatim tokens, in order
-    # The pass-through flags with their converted values, in order (for admission).
-    passthrough_flags: list[tuple[Flag, Any]] = field(default_factory=list)
-
-
 def is_flag(word: str) -> bool:
     return word.startswith("-") and word != "-" and not _NEGATIVE_NUMBER.match(word)
-
-
-_CONVERTERS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "str": (str, "str"),
-    "int": (int, "int"),
-    "float": (float, "float"),
-}
-
-
-class FlagTable:
-    """An engine's options; `parse` reads argv tokens like argparse (no abbreviations)."""
-
-    def __init__(self, prog: str, flags: Sequence[Flag], *, underscores: bool = False) -> None:
-        self.prog = prog
-        self.flags = tuple(flags)
-        # vLLM's FlexibleArgumentParser accepts --tensor_parallel_size for --tensor-parallel-size.
-        self.underscores = underscores
-        self._index: dict[str, tuple[Flag, bool]] = {}
-        for flag in self.flags:
-            for name in flag.names:
-                self._index[name] = (flag, False)
-            if flag.kind == "optbool":
-                self._index["--no-" + flag.canonical[2:]] = (flag, True)
-
-    def _key(self, name: str) -> str:
-        if self.underscores and name.startswith("--"):
-            return "--" + name[2:].replace("_", "-")
-        return name
-
-    def lookup(self, name: str) -> Flag | None:
-        entry = self._index.get(self._key(name.partition("=")[0]))
-        return entry[0] if entry else None
-
-    def error(self, flag: str, message: str) -> EngineArgError:
-        return EngineArgError(flag, message, self.prog)
-
-    def _convert(self, flag: Flag, raw: str) -> Any:
-        convert, type_name = flag.convert, flag.type_name
-        if convert is None:
-            convert, type_name = _CONVERTERS[flag.kind]
-        try:
-            value = convert(raw)
-        except ValueError:
-            raise self.error(flag.canonical, f"argument {flag.canonical}: invalid {type_name} "
-                                             f"value: {raw!r}") from None
-        if flag.choices and value not in flag.choices:
-            listed = ", ".join(repr(c) for c in flag.choices)
-            raise self.error(flag.canonical, f"argument {flag.canonical}: invalid choice: "
-                                             f"{raw!r} (choose from {listed})")
-        return value
-
-    def parse(self, tokens: Sequence[str], *, max_positionals: int = 0) -> ParsedArgs:
-        out = ParsedArgs()
-        unknown: list[str] = []
-        after_unknown = False  # argparse reports the values of an unknown flag with it
-        only_positional = False
-        i = 0
-        while i < len(tokens):
-            tok = tokens[i]
-            i += 1
-            if only_positional or not is_flag(tok):
-                if after_unknown or len(out.positionals) >= max_positionals:
-                    unknown.append(tok)
-                else:
-                    out.positionals.append(tok)
-                continue
-            if tok == "--":
-                only_positional = True
-                continue
-            name, eq, inline = tok.partition("=")
-            entry = self._index.get(self._key(name))
-            if entry is None:
-                unknown.append(tok)
-                after_unknown = True
-                continue
-            after_unknown = False
-            flag, negated = entry
-            if not flag.takes_value:
-                if eq:
-                    raise self.error(flag.canonical, f"argument {flag.canonical}: ignored "
-                                                     f"explicit argument {inline!r}")
-                value: Any = not negated
-                used = [tok]
-            else:
-                if eq:
-                    raw, used = inline, [tok]
-                elif i < len(tokens) and not is_flag(tokens[i]):
-                    raw, used = tokens[i], [tok, tokens[i]]
-                    i += 1
-                else:
-                    raise self.error(flag.canonical,
-                                     f"argument {flag.canonical}: expected one argument")
-                value = self._convert(flag, raw)
-            if flag.passthrough:
-                out.passthrough.extend(used)
-                out.passthrough_flags.append((flag, value))
-            else:
-                out.values[flag.dest] = value
-                out.given[flag.dest] = name
-        if unknown:
-            raise self.error(unknown[0], "unrecognized arguments: " + " ".join(unknown))
-        return out
-
 
 
 def launch_view(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -295,21 +164,55 @@ def launch_spec(engine: str, node: Node, rank: int, argv: list[str],
 
 
 class Engine(ABC):
-    """One inference engine: its flags, how it is launched, how its log reads."""
+    """One inference engine: the semantics of its flags, how it is launched, how its log
+    reads. Which flags exist, and how they are read, is each version's table."""
 
     name: ClassVar[str]
-    table: ClassVar[FlagTable]
-    # Modelled flags (by dest) -> the configuration field each one sets.
-    dest_fields: ClassVar[Mapping[str, str]]
+    # Configuration field -> the flag (an option string every modelled version has) that
+    # carries it.
+    field_flags: ClassVar[Mapping[str, str]]
     # Flags the lab sets per node (rank, rendezvous, HTTP address): never in a config.
-    launch_dests: ClassVar[frozenset[str]]
+    launch_flags: ClassVar[tuple[str, ...]]
+    # What a pass-through flag makes the engine load, by the option string (LOADS).
+    loads_flags: ClassVar[Mapping[str, str]]
     log_matchers: ClassVar[Sequence[Matcher]]
     # Matchers that also read the message of every error line and traceback (logs.parse_lines).
     error_matchers: ClassVar[Sequence[Matcher]] = ()
 
     @property
-    def prog(self) -> str:
-        return self.table.prog
+    def default_version(self) -> str:
+        return DEFAULT_ENGINE_VERSIONS[self.name]
+
+    def parser(self, version: str | None = None) -> ReleaseParser:
+        """The serve command's parser of `version` (the default version when None)."""
+        return release_parser(self.name, version or self.default_version)
+
+    def prog(self, version: str | None = None) -> str:
+        return self.parser(version).prog
+
+    def _dests(self, parser: ReleaseParser, flags: Sequence[str]) -> set[str]:
+        found = (parser.option(f) for f in flags)
+        return {o.dest for o in found if o is not None}
+
+    def modelled_dests(self, parser: ReleaseParser) -> dict[str, str]:
+        """dest -> configuration field, for this version's options that carry a field."""
+        out: dict[str, str] = {}
+        for config_field, flag in self.field_flags.items():
+            option = parser.option(flag)
+            if option is not None:
+                out.setdefault(option.dest, config_field)
+        return out
+
+    def launch_dests(self, parser: ReleaseParser) -> set[str]:
+        return self._dests(parser, self.launch_flags)
+
+    def loads(self, parser: ReleaseParser, option: Option) -> str:
+        """What `option`'s value makes the engine load ("" for nothing)."""
+        for flag, kind in self.loads_flags.items():
+            known = parser.option(flag)
+            if known is not None and known.dest == option.dest:
+                return kind
+        return ""
 
     @abstractmethod
     def invocation(self, tokens: Sequence[str]) -> list[str] | None:
@@ -319,47 +222,84 @@ class Engine(ABC):
     @abstractmethod
     def argv(self, config: Mapping[str, Any], *, rank: int, nnodes: int, head: Node,
              node: Node) -> list[str]:
-        """The full argv that starts rank `rank` of `config` on `node`."""
+        """The full argv that starts rank `rank` of `config` (as the lab launches it) on
+        `node`, in the flags of config.engine.version."""
 
     @abstractmethod
-    def read_args(self, args: Sequence[str]) -> tuple[dict[str, Any], LaunchInfo]:
+    def read_args(self, args: Sequence[str], version: str) -> tuple[dict[str, Any], LaunchInfo]:
         """Arguments -> an un-normalized partial config (no env) and the per-node facts.
-        Raises EngineArgError as the engine would."""
+        Raises EngineArgError as the engine `version` would."""
+
+    @abstractmethod
+    def check_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """A config normalized by lab.config, checked against its version's flags (backend
+        names, loaders, ...): the values as the version reads them. ConfigError naming the
+        field otherwise."""
 
     def flag_for(self, config_field: str) -> tuple[str, str]:
         """(the flag that carries `config_field`, the part of the field below that flag's
         own field), for messages about a bad value: ("--speculative-config", "draft_model")."""
-        best, found = "", config_field
-        for dest, target in self.dest_fields.items():
+        best = ""
+        for target in self.field_flags:
             if (config_field == target or config_field.startswith(target + ".")) and \
                     len(target) > len(best):
-                flag = next(f for f in self.table.flags if f.dest == dest)
-                best, found = target, flag.canonical
-        return found, config_field[len(best):].lstrip(".") if best else ""
+                best = target
+        if not best:
+            return config_field, ""
+        return self.field_flags[best], config_field[len(best):].lstrip(".")
 
     def value_problem(self, exc: ConfigError) -> tuple[str, str]:
         """A configuration error restated against the flag that set the value."""
         flag, below = self.flag_for(exc.field)
         return flag, f"{below} {exc.problem}" if below else exc.problem
 
-    def describe(self, exc: EngineArgError) -> str:
-        """An argument error in words for a customer (parse_command, extra_args)."""
+    def describe(self, exc: EngineArgError, version: str | None = None) -> str:
+        """An argument error in words for a customer (parse_command, extra_args): the
+        version's own refusal, with what the lab makes of it."""
+        where = f"{self.name} {version or self.default_version}"
         if exc.message.startswith("unrecognized arguments"):
             if not is_flag(exc.flag):
-                return f"{shown(exc.flag)} is an extra argument {self.prog} does not take; remove it"
-            return (f"{shown(exc.flag)} is not a {self.name} flag the diagnostic knows; remove it, "
-                    "or ask us to add it")
-        return exc.message
+                return (f"{shown(exc.flag)} is an extra argument {where} does not take "
+                        f"({exc.error_line}); remove it")
+            return f"{shown(exc.flag)} is not a flag of {where} ({exc.error_line}); remove it"
+        return exc.error_line
 
-    def check_extra_args(self, args: Sequence[str]) -> None:
-        """extra_args may hold known pass-through flags only (ConfigError otherwise)."""
+    def pass_problem(self, parser: ReleaseParser, given: Given) -> str | None:
+        """Why `given` may not travel in extra_args (None when it may)."""
+        option = given.option
+        if option.dest in self.launch_dests(parser):
+            return f"{given.written!r} is set by the lab for each node; remove it"
+        modelled = self.modelled_dests(parser)
+        if option.dest in modelled:
+            return f"{given.written!r} is set by {modelled[option.dest]}; set it there instead"
+        if self.loads(parser, option):
+            return None
+        words = set(option.dest.lower().split("_"))
+        refused = sorted(words & REFUSED_DEST_WORDS) or \
+            (["server, socket or class"] if option.dest in REFUSED_DESTS else [])
+        if refused:
+            return (f"{given.written!r} names a {refused[0]}: flags that point an engine at code, "
+                    "files, directories, the hub or the network are set by the lab, not by a "
+                    "configuration; remove it")
+        return None
+
+    def check_extra_args(self, args: Sequence[str], version: str | None = None) -> Parsed:
+        """extra_args may hold pass-through flags of the version only (ConfigError
+        otherwise); returns them parsed."""
+        parser = self.parser(version)
         try:
-            parsed = self.table.parse(args)
+            parsed = parser.parse(args, partial=True)
         except EngineArgError as exc:
-            raise ConfigError("extra_args", self.describe(exc)) from None
-        for dest, written in parsed.given.items():
-            if dest in self.launch_dests:
-                raise ConfigError("extra_args", f"{written!r} is set by the lab for each node; "
-                                                "remove it")
-            raise ConfigError("extra_args", f"{written!r} is set by {self.dest_fields[dest]}; "
-                                            "set it there instead")
+            raise ConfigError("extra_args", self.describe(exc, parser.version)) from None
+        if parsed.positionals and any(v is not None for v in parsed.positionals.values()):
+            stray = next(str(v) for v in parsed.positionals.values() if v is not None)
+            raise ConfigError("extra_args", f"{shown(stray)} is an extra argument "
+                                            f"{parser.prog} does not take; remove it")
+        for given in parsed.given:
+            problem = self.extra_problem(parser, given)
+            if problem is not None:
+                raise ConfigError("extra_args", problem)
+        return parsed
+
+    def extra_problem(self, parser: ReleaseParser, given: Given) -> str | None:
+        return self.pass_problem(parser, given)

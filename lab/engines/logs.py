@@ -290,13 +290,68 @@ def _recognized(message: str, line: LogLine, stamp: Event, matchers: Sequence[Ma
     return []
 
 
-def parse_lines(lines: Iterable[str], matchers: Sequence[Matcher],
-                error_matchers: Sequence[Matcher] = ()) -> Iterator[Event]:
-    """Events from `lines`, recognizing messages with `matchers` (first match wins).
+# -- lines every engine's log can hold ----------------------------------------------------------
+# NCCL's own INFO lines (written only with NCCL_DEBUG=INFO), after its "host:pid:tid [dev]"
+# prefix: "NCCL INFO Bootstrap : Using enP2p1s0f0np0:10.10.0.1<0>" (newer releases
+# "Bootstrap: Using ..."), "NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE ...", "NCCL INFO
+# NET/Socket : Using [0]enp1s0f0np0:10.10.0.1<0>", connect retries "... retrying (3/20)",
+# and "NCCL WARN ..." lines.
+_NCCL_BOOTSTRAP = re.compile(r"NCCL INFO Bootstrap ?: Using (?P<iface>[^\s:<]+):(?P<addr>[^\s<]+)")
+_NCCL_NET = re.compile(r"NCCL INFO NET/(?P<transport>\w+) ?: Using (?P<devices>.+)$")
+_NCCL_RETRY = re.compile(r"NCCL INFO (?P<message>.*?retrying \((?P<n>\d+)/(?P<m>\d+)\).*)$")
+_NCCL_WARN = re.compile(r"NCCL WARN (?P<message>.+)$")
+# The engines' request for --trust-remote-code when a model's own code is needed (the
+# tables' `trust_remote_code` lines): "Failed to load the tokenizer. If the tokenizer is a
+# custom tokenizer ... using the `--trust-remote-code` flag in the CLI." and SGLang's
+# "Tokenizer for X loaded as generic TokenizersBackend. Set --trust-remote-code ...".
+_REMOTE_CODE = re.compile(r"Failed to load the (?P<what>[\w ]+?)\. If the .*trust[_-]remote[_-]code")
+_REMOTE_CODE_GENERIC = re.compile(r"(?P<what>Tokenizer) for \S+ loaded as generic .*"
+                                  r"--trust-remote-code")
 
-    Each `error` is followed by what `error_matchers` recognize in its message, under the
-    error's own stamp; a message that is no error goes to `matchers` only."""
-    state: dict[str, Any] = {}
+
+def nccl_line(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
+    """NCCL's bootstrap interface, network devices, connect retries and warnings."""
+    if "NCCL " not in message:
+        return None
+    if m := _NCCL_BOOTSTRAP.search(message):
+        return [{"kind": "nccl", "what": "bootstrap", "interface": m["iface"],
+                 "address": m["addr"]}]
+    if m := _NCCL_RETRY.search(message):
+        return [{"kind": "nccl", "what": "retry", "attempt": int(m["n"]), "of": int(m["m"]),
+                 "message": m["message"].strip()}]
+    if m := _NCCL_NET.search(message):
+        return [{"kind": "nccl", "what": "net", "transport": m["transport"],
+                 "devices": m["devices"].strip()}]
+    if m := _NCCL_WARN.search(message):
+        return [{"kind": "nccl", "what": "warning", "message": m["message"].strip()}]
+    return None
+
+
+def remote_code_needed(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
+    """The engine's request for --trust-remote-code (what it failed to load: tokenizer,
+    model config, processor, ...)."""
+    m = _REMOTE_CODE.search(message) or _REMOTE_CODE_GENERIC.search(message)
+    if not m:
+        return None
+    return [{"kind": "trust_remote_code", "what": m["what"].lower()}]
+
+
+COMMON_MATCHERS: tuple[Matcher, ...] = (nccl_line, remote_code_needed)
+
+
+def parse_lines(lines: Iterable[str], matchers: Sequence[Matcher],
+                error_matchers: Sequence[Matcher] = (), *,
+                version: str | None = None) -> Iterator[Event]:
+    """Events from `lines`, recognizing messages with `matchers` (first match wins), then
+    the lines any engine's log holds (COMMON_MATCHERS).
+
+    Each `error` is followed by what `error_matchers` (and remote_code_needed) recognize in
+    its message, under the error's own stamp; a message that is no error goes to
+    `matchers` only. `version` is the release that wrote the log, for the matchers whose
+    lines differ between releases (None: any modelled release's)."""
+    matchers = (*matchers, *COMMON_MATCHERS)
+    error_matchers = (*error_matchers, remote_code_needed)
+    state: dict[str, Any] = {"version": version}
     tb: _Traceback | None = None
 
     def error(event: Event, line: LogLine) -> Iterator[Event]:

@@ -1,13 +1,15 @@
 """SGLang: configuration <-> `python3 -m sglang.launch_server` command line, and its logs.
 
 Multi-node serving: every node runs the same command with `--nnodes N --node-rank R
---dist-init-addr HEAD:5000`; rank 0 serves the API. Expert parallelism is
-`--ep-size` equal to the tensor-parallel size (older releases: `--enable-ep-moe`).
-EAGLE-3 with k draft tokens is `--speculative-num-steps k --speculative-eagle-topk 1
---speculative-num-draft-tokens k+1` (a chain); n-gram is `--speculative-num-draft-tokens
-k+1` with the match-window sizes as prompt_lookup_min/max. Flag names follow SGLang's
-server arguments (docs/advanced_features/server_arguments.md); log formats follow
-sglang/srt/managers/scheduler_metrics_mixin.py and model_runner.py.
+--dist-init-addr HEAD:5000`; rank 0 serves the API. Expert parallelism is `--ep-size`
+equal to the tensor-parallel size. EAGLE-3 with k draft tokens is `--speculative-num-steps
+k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1` (a chain); SGLang's
+n-gram drafting is a tree whose size is `--speculative-num-draft-tokens` (k+1 here), tuned
+by its own `--speculative-ngram-*` flags (which travel in extra_args): no modelled release
+has the match-window flags that prompt_lookup_min/max would need. The lab always renders
+`--enable-metrics` (SGLang serves /metrics only with it). Which flags a version has, their
+choices and how they are read come from its table (lab.engines.argv); log formats are the
+ones the tables quote (scheduler metrics mixin, model runner, cuda graph runners).
 """
 
 from __future__ import annotations
@@ -17,84 +19,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from lab.config import LINEAR_BACKENDS, LOAD_FORMATS, MOE_BACKENDS
-from lab.engines.base import SGLANG_DIST_PORT, Engine, Flag, FlagTable, LaunchInfo
+from lab.config import LOAD_FORMATS, ConfigError, shown
+from lab.engines.argv import ReleaseParser
+from lab.engines.base import SGLANG_DIST_PORT, Engine, LaunchInfo
 from lab.engines.logs import Event, LogLine, Matcher, number, shard_progress
 from lab.inventory import Node
 
-PROG = "launch_server.py"  # argparse's prog for `python -m sglang.launch_server`
 KV_TO_FLAG = {"auto": "auto", "fp8": "fp8_e4m3", "bf16": "bf16"}
 KV_FROM_FLAG = {"auto": "auto", "fp8_e4m3": "fp8", "bf16": "bf16", "bfloat16": "bf16"}
 ALGORITHMS = {"EAGLE3": "eagle3", "NGRAM": "ngram", "NEXTN": "mtp"}
 ALGORITHM_OF = {v: k for k, v in ALGORITHMS.items()}
-SPEC_DESTS = ("spec_draft", "spec_steps", "spec_topk", "spec_draft_tokens", "spec_ngram_max",
-              "spec_ngram_min")
-
-
-def _passthrough(names: tuple[str, ...], kind: str = "str", loads: str = "") -> Flag:
-    return Flag(names, "extra:" + names[0], kind, passthrough=True, loads=loads)
-
-
-FLAGS = (
-    Flag(("--model-path", "--model"), "model"),
-    Flag(("--served-model-name",), "served_model_name"),
-    Flag(("--tp-size", "--tensor-parallel-size", "--tp"), "tp", "int"),
-    Flag(("--pp-size", "--pipeline-parallel-size"), "pp", "int"),
-    Flag(("--ep-size", "--expert-parallel-size", "--ep"), "ep_size", "int"),
-    Flag(("--enable-ep-moe",), "enable_ep_moe", "bool"),
-    Flag(("--nnodes",), "nnodes", "int"),
-    Flag(("--node-rank",), "node_rank", "int"),
-    Flag(("--dist-init-addr", "--nccl-init-addr"), "dist_init_addr"),
-    Flag(("--host",), "host"),
-    Flag(("--port",), "port", "int"),
-    Flag(("--context-length",), "max_model_len", "int"),
-    Flag(("--kv-cache-dtype",), "kv_cache_dtype", choices=tuple(KV_FROM_FLAG)),
-    Flag(("--mem-fraction-static",), "gpu_memory_utilization", "float"),
-    Flag(("--disable-cuda-graph",), "enforce_eager", "bool"),
-    Flag(("--load-format",), "load_format", choices=LOAD_FORMATS),
-    Flag(("--moe-runner-backend",), "moe_backend", choices=MOE_BACKENDS["sglang"]),
-    Flag(("--fp4-gemm-backend",), "linear_backend", choices=LINEAR_BACKENDS["sglang"]),
-    Flag(("--speculative-algorithm",), "spec_algorithm", convert=str.upper, type_name="str",
-         choices=tuple(ALGORITHMS)),
-    Flag(("--speculative-draft-model-path", "--speculative-draft-model"), "spec_draft"),
-    Flag(("--speculative-num-steps",), "spec_steps", "int"),
-    Flag(("--speculative-eagle-topk",), "spec_topk", "int"),
-    Flag(("--speculative-num-draft-tokens",), "spec_draft_tokens", "int"),
-    Flag(("--speculative-ngram-max-match-window-size",), "spec_ngram_max", "int"),
-    Flag(("--speculative-ngram-min-match-window-size",), "spec_ngram_min", "int"),
-    _passthrough(("--trust-remote-code",), "bool", loads="remote_code"),
-    _passthrough(("--dtype",)),
-    _passthrough(("--quantization",)),
-    _passthrough(("--max-running-requests",), "int"),
-    _passthrough(("--chunked-prefill-size",), "int"),
-    _passthrough(("--max-prefill-tokens",), "int"),
-    _passthrough(("--schedule-policy",)),
-    _passthrough(("--disable-radix-cache",), "bool"),
-    _passthrough(("--cuda-graph-max-bs",), "int"),
-    _passthrough(("--attention-backend",)),
-    _passthrough(("--random-seed",), "int"),
-    _passthrough(("--log-level",)),
-    _passthrough(("--enable-metrics",), "bool"),
-    # A secret (lab.config, "secrets"): masked where a configuration enters; the engine the
-    # lab starts gets the lab's own key for the job in its place.
-    _passthrough(("--api-key",)),
-    _passthrough(("--chat-template",), loads="chat_template"),
-    _passthrough(("--reasoning-parser",)),
-    _passthrough(("--tool-call-parser",)),
-    _passthrough(("--tokenizer-path",), loads="tokenizer"),
-    _passthrough(("--decode-log-interval",), "int"),
-    _passthrough(("--enable-torch-compile",), "bool"),
-    _passthrough(("--page-size",), "int"),
-    _passthrough(("--watchdog-timeout",), "float"),
-    _passthrough(("--dist-timeout",), "int"),
-    _passthrough(("--moe-a2a-backend",)),
-    _passthrough(("--enable-mixed-chunk",), "bool"),
-    _passthrough(("--enable-cache-report",), "bool"),
-    _passthrough(("--download-dir",), loads="download_dir"),
-)
-
-SERVING_DESTS = ("max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "enforce_eager",
-                 "load_format", "moe_backend", "linear_backend")
+METRICS_FLAG = "--enable-metrics"
+SPEC_FLAGS = ("--speculative-draft-model-path", "--speculative-num-steps",
+              "--speculative-eagle-topk", "--speculative-num-draft-tokens")
 
 
 def _address(host: str, port: int) -> str:
@@ -112,9 +49,10 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def _batch(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
-    """'Decode batch. #running-req: 1, ..., gen throughput (token/s): 40.12, #queue-req: 0, '
-    (newer releases: 'Decode batch, ...' with accept rate and cuda graph fields)."""
-    m = re.match(r"(Decode|Prefill) batch(?: \[\d+\])?[.,]", message)
+    """'Decode batch{iter_msg}, #running-req: N, {token usage}accept len: 2.91, accept rate:
+    0.48, cuda graph: True, gen throughput (token/s): 40.12, #queue-req: 0' and the Prefill
+    line (the fields as the tables quote them; the graph label is the release's own)."""
+    m = re.match(r"(Decode|Prefill) batch[^,]*,", message)
     if not m:
         return None
     phase = m[1].lower()
@@ -128,12 +66,14 @@ def _batch(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | 
         "running": _int_or_none(_find(r"#running-req: ([\d,]+)", message)),
         "waiting": _int_or_none(_find(r"#queue-req: ([\d,]+)", message)),
     }
-    if (usage := _find(r"(?<![\w ])token usage: ([\d.]+)", message)) is not None:
+    if (usage := _find(r"(?:^|, |#token: [\d,]+, )token usage: ([\d.]+)", message)) is not None:
         stats["token_usage"] = float(usage)
-    if (graph := _find(r"cuda graph: (True|False)", message)) is not None:
+    elif (usage := _find(r"full token usage: ([\d.]+)", message)) is not None:
+        stats["token_usage"] = float(usage)
+    if (graph := _find(r"graph: (True|False)", message)) is not None:
         stats["cuda_graph"] = graph == "True"
     events = [stats]
-    accept = _find(r"accept len: ([\d.]+)", message)
+    accept = _find(r"(?<!block )accept len: ([\d.]+)", message)
     if accept is not None:
         spec: Event = {"kind": "specdec", "accepted": None, "drafted": None,
                        "mean_acceptance_length": float(accept), "per_position": []}
@@ -150,8 +90,11 @@ def _load_begin(message: str, line: LogLine, state: dict[str, Any]) -> list[Even
 
 
 def _load_end(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
-    """'Load weight end. [elapsed=312.45 s, ]type=..., avail mem=... GB, mem usage=... GB.'"""
-    if not re.match(r"(?:Load weight end|Rank \d+: load weight end)", message):
+    """'Load weight end. elapsed=312.45 s, type=..., avail mem=... GB, mem usage=... GB.'
+    (0.5.23 also writes 'Load weight end. Committed real weights after CUDA graph capture
+    ...' when weights load behind the capture: not a weights-load time)."""
+    if not re.match(r"(?:Load weight end|Rank \d+: load weight end)", message) or \
+            "Committed real weights" in message:
         return None
     elapsed = _find(r"elapsed=([\d.]+) s", message)
     seconds: float | None = number(elapsed) if elapsed else None
@@ -166,17 +109,29 @@ def _load_end(message: str, line: LogLine, state: dict[str, Any]) -> list[Event]
 
 
 def _graph_end(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
-    """'Capture cuda graph end. Time elapsed: 12.34 s' and the newer
-    'Capture target decode CUDA graph end. elapsed=25.74 s, mem usage=2.66 GB'."""
-    m = re.match(r"Capture (?:(?P<what>[\w ]+?) )?(?:cuda|CUDA) graph end\.?"
-                 r"(?: Time elapsed: (?P<a>[\d.]+) s| elapsed=(?P<b>[\d.]+) s)?", message)
-    if not m or not (m["a"] or m["b"]):
+    """'Capture draft cuda graph end. Time elapsed: 12.34 s. mem usage=...' (0.5.12) and
+    'Capture decode CUDA graph end. elapsed=25.74 s, mem usage=2.66 GB, ...' (0.5.17+; the
+    draft extend one with 'step=N, ' first)."""
+    m = re.match(r"Capture (?:(?P<what>.+?) )?(?:cuda|CUDA) graph end\.?"
+                 r"(?:.*?(?:Time elapsed: |elapsed=)(?P<s>[\d.]+) s)?", message)
+    if not m or not m["s"]:
         return None
-    event: Event = {"kind": "graph_capture", "seconds": number(m["a"] or m["b"])}
+    event: Event = {"kind": "graph_capture", "seconds": number(m["s"])}
     if m["what"]:
         event["graph"] = m["what"].lower()
     if (usage := _find(r"mem usage=([\d.]+) GB", message)) is not None:
         event["memory_gb"] = float(usage)
+    return [event]
+
+
+def _kv_cache(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
+    """'KV Cache is allocated. #tokens: N, ...' (0.5.12) / '... KV cache allocated. dtype:
+    ..., #tokens: N, KV size: X GB' (0.5.23)."""
+    if not re.search(r"KV Cache is allocated\.|(?<!draft )KV cache allocated\.", message):
+        return None
+    event: Event = {"kind": "kv_cache"}
+    if (tokens := _find(r"#tokens: ([\d,]+)", message)) is not None:
+        event["tokens"] = int(number(tokens))
     return [event]
 
 
@@ -219,40 +174,97 @@ LOG_MATCHERS: tuple[Matcher, ...] = (
     _load_begin,
     _load_end,
     _graph_end,
+    _kv_cache,
     _startup_timings,
     _ready,
     _moe_runner,
     _child_failed,
 )
 
+FIELD_FLAGS = {
+    "model.path": "--model-path",
+    "model.id": "--served-model-name",
+    "parallel.tp": "--tp-size",
+    "parallel.pp": "--pp-size",
+    "parallel.expert_parallel": "--ep-size",
+    "serving.max_model_len": "--context-length",
+    "serving.kv_cache_dtype": "--kv-cache-dtype",
+    "serving.gpu_memory_utilization": "--mem-fraction-static",
+    "serving.enforce_eager": "--disable-cuda-graph",
+    "serving.load_format": "--load-format",
+    "serving.moe_backend": "--moe-runner-backend",
+    "serving.linear_backend": "--fp4-gemm-backend",
+    "speculative": "--speculative-algorithm",
+    "speculative.draft_model": "--speculative-draft-model-path",
+    "speculative.num_speculative_tokens": "--speculative-num-draft-tokens",
+}
+# Flags read with the speculative fields that carry no field of their own.
+_SPEC_STEPS = ("--speculative-num-steps", "--speculative-eagle-topk")
+LAUNCH_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr", "--host", "--port")
+LOADS_FLAGS = {"--trust-remote-code": "remote_code", "--tokenizer-path": "tokenizer",
+               "--chat-template": "chat_template", "--download-dir": "download_dir"}
+
 
 class Sglang(Engine):
     name = "sglang"
-    table = FlagTable(PROG, FLAGS)
-    dest_fields: ClassVar[Mapping[str, str]] = {
-        "model": "model.path",
-        "served_model_name": "model.id",
-        "tp": "parallel.tp",
-        "pp": "parallel.pp",
-        "ep_size": "parallel.expert_parallel",
-        "enable_ep_moe": "parallel.expert_parallel",
-        **{dest: f"serving.{dest}" for dest in SERVING_DESTS},
-        "spec_algorithm": "speculative",
-        "spec_draft": "speculative.draft_model",
-        "spec_steps": "speculative.num_speculative_tokens",
-        "spec_topk": "speculative.num_speculative_tokens",
-        "spec_draft_tokens": "speculative.num_speculative_tokens",
-        "spec_ngram_max": "speculative.prompt_lookup_max",
-        "spec_ngram_min": "speculative.prompt_lookup_min",
-    }
-    launch_dests = frozenset({"nnodes", "node_rank", "dist_init_addr", "host", "port"})
+    field_flags: ClassVar[Mapping[str, str]] = FIELD_FLAGS
+    launch_flags = LAUNCH_FLAGS
+    loads_flags: ClassVar[Mapping[str, str]] = LOADS_FLAGS
     log_matchers = LOG_MATCHERS
 
     def invocation(self, tokens: Sequence[str]) -> list[str] | None:
         if len(tokens) >= 3 and re.fullmatch(r"python[\d.]*", PurePosixPath(tokens[0]).name) \
                 and tokens[1] == "-m" and tokens[2] == "sglang.launch_server":
             return list(tokens[3:])
+        if len(tokens) >= 2 and PurePosixPath(tokens[0]).name == "sglang" and tokens[1] == "serve":
+            return list(tokens[2:])
         return None
+
+    def modelled_dests(self, parser: ReleaseParser) -> dict[str, str]:
+        out = super().modelled_dests(parser)
+        for flag in _SPEC_STEPS:
+            option = parser.option(flag)
+            if option is not None:
+                out[option.dest] = "speculative.num_speculative_tokens"
+        return out
+
+    def check_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        version = config["engine"]["version"]
+        parser = self.parser(version)
+        serving = dict(config["serving"])
+        where = f"sglang {version}"
+        for name, flag in (("moe_backend", "--moe-runner-backend"),
+                           ("linear_backend", "--fp4-gemm-backend")):
+            option = parser.option(flag)
+            value = serving[name]
+            if option is None:
+                if value != "auto":
+                    raise ConfigError(f"serving.{name}", f"{where} has no {flag}; use auto")
+                continue
+            if option.choices is not None and value not in option.choices:
+                raise ConfigError(f"serving.{name}", f"{shown(value)} is not a choice of {flag} in "
+                                                     f"{where}; use one of "
+                                                     f"{', '.join(map(str, option.choices))}")
+        if serving["safetensors_load_strategy"] != "lazy":
+            raise ConfigError("serving.safetensors_load_strategy",
+                              f"{shown(serving['safetensors_load_strategy'])} is a vLLM option that "
+                              "SGLang does not have; use lazy, or serving.load_format: "
+                              "fastsafetensors for a fast loader")
+        load = parser.option("--load-format")
+        if serving["load_format"] not in LOAD_FORMATS or (
+                load is not None and load.choices is not None
+                and serving["load_format"] not in load.choices):
+            raise ConfigError("serving.load_format", f"{shown(serving['load_format'])} is not "
+                                                     f"accepted by {where}; use auto or safetensors")
+        spec = config["speculative"]
+        if spec is not None:
+            for key in ("prompt_lookup_max", "prompt_lookup_min"):
+                if spec.get(key) is not None:
+                    raise ConfigError(f"speculative.{key}",
+                                      f"{where} has no n-gram match-window flags (its n-gram "
+                                      "drafting is a tree, tuned by --speculative-ngram-* flags "
+                                      "in extra_args); remove it")
+        return config
 
     def argv(self, config: Mapping[str, Any], *, rank: int, nnodes: int, head: Node,
              node: Node) -> list[str]:
@@ -260,7 +272,7 @@ class Sglang(Engine):
         argv = [node.python, "-m", "sglang.launch_server",
                 "--model-path", config["model"]["path"],
                 "--served-model-name", config["model"]["id"],
-                "--tp", str(par["tp"]), "--pp-size", str(par["pp"])]
+                "--tp-size", str(par["tp"]), "--pp-size", str(par["pp"])]
         if par["expert_parallel"]:
             argv += ["--ep-size", str(par["tp"])]
         if nnodes > 1:
@@ -286,111 +298,121 @@ class Sglang(Engine):
             if spec["method"] in ("eagle3", "mtp"):
                 argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
             argv += ["--speculative-num-draft-tokens", str(k + 1)]
-            if spec.get("prompt_lookup_max") is not None:
-                argv += ["--speculative-ngram-max-match-window-size", str(spec["prompt_lookup_max"])]
-            if spec.get("prompt_lookup_min") is not None:
-                argv += ["--speculative-ngram-min-match-window-size", str(spec["prompt_lookup_min"])]
         return argv + list(config["extra_args"])
 
-    def _speculative(self, v: Mapping[str, Any]) -> dict[str, Any] | None:
-        algorithm = v.get("spec_algorithm")
-        given = [d for d in SPEC_DESTS if d in v]
+    def _speculative(self, parser: ReleaseParser, v: Mapping[str, Any]) -> dict[str, Any] | None:
+        def dest(flag: str) -> str:
+            option = parser.option(flag)
+            return option.dest if option is not None else flag
+
+        def error(flag: str, problem: str) -> Exception:
+            return parser.error(flag, f"argument {flag}: {problem}")
+
+        algorithm = v.get(dest("--speculative-algorithm"))
+        given = [f for f in SPEC_FLAGS if dest(f) in v]
         if algorithm is None:
             if given:
-                flag = self.flag_of(given[0])
-                raise self.table.error(flag, f"argument {flag}: needs --speculative-algorithm")
+                raise error(given[0], "needs --speculative-algorithm")
             return None
-        method = ALGORITHMS[algorithm]
-        steps, tokens = v.get("spec_steps"), v.get("spec_draft_tokens")
+        name = str(algorithm).upper()
+        if name not in ALGORITHMS:
+            raise error("--speculative-algorithm", f"{algorithm!r} is not modelled; use one of "
+                                                   f"{', '.join(ALGORITHMS)}")
+        method = ALGORITHMS[name]
+        steps = v.get(dest("--speculative-num-steps"))
+        tokens = v.get(dest("--speculative-num-draft-tokens"))
+        topk = v.get(dest("--speculative-eagle-topk"))
+        draft = v.get(dest("--speculative-draft-model-path"))
         spec: dict[str, Any] = {"method": method}
         if method == "ngram":
-            for dest in ("spec_steps", "spec_topk", "spec_draft"):
-                if dest in v:
-                    flag = self.flag_of(dest)
-                    raise self.table.error(flag, f"argument {flag}: does not apply to NGRAM")
+            for flag, value in (("--speculative-num-steps", steps),
+                                ("--speculative-eagle-topk", topk),
+                                ("--speculative-draft-model-path", draft)):
+                if value is not None:
+                    raise error(flag, "does not apply to NGRAM")
             if tokens is None:
-                raise self.table.error("--speculative-num-draft-tokens",
-                                       "argument --speculative-num-draft-tokens: is required "
-                                       "with --speculative-algorithm NGRAM")
+                raise error("--speculative-num-draft-tokens",
+                            "is required with --speculative-algorithm NGRAM")
             if tokens < 2:
-                raise self.table.error("--speculative-num-draft-tokens",
-                                       f"argument --speculative-num-draft-tokens: {tokens} is "
-                                       "too few; it counts the verified token plus k >= 1 drafts")
+                raise error("--speculative-num-draft-tokens",
+                            f"{tokens} is too few; it counts the verified token plus k >= 1 drafts")
             spec["num_speculative_tokens"] = tokens - 1
-            if "spec_ngram_max" in v:
-                spec["prompt_lookup_max"] = v["spec_ngram_max"]
-            if "spec_ngram_min" in v:
-                spec["prompt_lookup_min"] = v["spec_ngram_min"]
             return spec
-        for dest in ("spec_ngram_max", "spec_ngram_min"):
-            if dest in v:
-                flag = self.flag_of(dest)
-                raise self.table.error(flag, f"argument {flag}: applies to NGRAM only")
-        if v.get("spec_topk", 1) != 1:
-            raise self.table.error("--speculative-eagle-topk",
-                                   "argument --speculative-eagle-topk: only 1 (chain drafting) "
-                                   f"is modelled, got {v['spec_topk']}")
+        if (topk if topk is not None else 1) != 1:
+            raise error("--speculative-eagle-topk", f"only 1 (chain drafting) is modelled, got {topk}")
         if steps is not None:
             k = steps
         elif tokens is not None:
             k = tokens - 1
         else:
-            raise self.table.error("--speculative-num-steps",
-                                   "argument --speculative-num-steps: is required with "
-                                   f"--speculative-algorithm {algorithm}")
+            raise error("--speculative-num-steps", f"is required with --speculative-algorithm {name}")
         if tokens is not None and tokens != k + 1:
-            raise self.table.error("--speculative-num-draft-tokens",
-                                   f"argument --speculative-num-draft-tokens: {tokens} does not "
-                                   f"match --speculative-num-steps {k} with top-k 1; use {k + 1}")
+            raise error("--speculative-num-draft-tokens",
+                        f"{tokens} does not match --speculative-num-steps {k} with top-k 1; use {k + 1}")
         spec["num_speculative_tokens"] = k
-        if method == "eagle3" and "spec_draft" not in v:
-            raise self.table.error("--speculative-draft-model-path",
-                                   "argument --speculative-draft-model-path: is required with "
-                                   "--speculative-algorithm EAGLE3")
-        if "spec_draft" in v:
-            spec["draft_model"] = v["spec_draft"]
+        if method == "eagle3" and draft is None:
+            raise error("--speculative-draft-model-path",
+                        "is required with --speculative-algorithm EAGLE3")
+        if draft is not None:
+            spec["draft_model"] = draft
         return spec
 
-    def flag_of(self, dest: str) -> str:
-        return next(f.canonical for f in self.table.flags if f.dest == dest)
+    def read_args(self, args: Sequence[str], version: str) -> tuple[dict[str, Any], LaunchInfo]:
+        parser = self.parser(version)
+        parsed = parser.parse(args)
+        spec_dests = {o.dest for o in (parser.option(f) for f in
+                                       ("--speculative-algorithm", *SPEC_FLAGS)) if o is not None}
+        modelled = self.modelled_dests(parser)
+        launch = self.launch_dests(parser)
+        v: dict[str, Any] = {}
+        passthrough: list[str] = []
+        for given in parsed.given:
+            d = given.option.dest
+            if d in modelled or d in launch or d in spec_dests:
+                v[d] = given.value
+            else:
+                passthrough.extend(given.tokens)
 
-    def read_args(self, args: Sequence[str]) -> tuple[dict[str, Any], LaunchInfo]:
-        parsed = self.table.parse(args)
-        v = parsed.values
-        if "model" not in v:
-            raise self.table.error("--model-path", "the following arguments are required: "
-                                                   "--model-path")
-        tp = v.get("tp", 1)
-        ep_size = v.get("ep_size")
-        if ep_size is None:
-            expert_parallel = v.get("enable_ep_moe", False)
-        elif ep_size in (1, tp):
-            expert_parallel = ep_size == tp
+        def get(flag: str, default: Any = None) -> Any:
+            option = parser.option(flag)
+            return v.get(option.dest, default) if option is not None else default
+
+        model = get("--model-path")
+        tp = get("--tp-size", 1)
+        ep_size = get("--ep-size")
+        if ep_size is None or ep_size in (1, tp):
+            expert_parallel = ep_size == tp and ep_size is not None
         else:
-            raise self.table.error("--ep-size", f"argument --ep-size: {ep_size} with --tp-size "
-                                                f"{tp} is not modelled; use {tp} (or 1 for none)")
-        serving = {dest: v[dest] for dest in SERVING_DESTS if dest in v}
+            raise parser.error("--ep-size", f"argument --ep-size: {ep_size} with --tp-size {tp} "
+                                            f"is not modelled; use {tp} (or 1 for none)")
+        serving: dict[str, Any] = {}
+        for flag_field, flag in FIELD_FLAGS.items():
+            if flag_field.startswith("serving.") and get(flag) is not None:
+                serving[flag_field.split(".", 1)[1]] = get(flag)
         if "kv_cache_dtype" in serving:
-            serving["kv_cache_dtype"] = KV_FROM_FLAG[serving["kv_cache_dtype"]]
+            kv = serving["kv_cache_dtype"]
+            if kv not in KV_FROM_FLAG:
+                raise parser.error("--kv-cache-dtype", f"argument --kv-cache-dtype: {kv!r} is "
+                                   f"not modelled; use one of {', '.join(KV_FROM_FLAG)}")
+            serving["kv_cache_dtype"] = KV_FROM_FLAG[kv]
         raw: dict[str, Any] = {
-            "engine": {"name": self.name},
-            "model": {"path": v["model"], "id": v.get("served_model_name", v["model"])},
-            "parallel": {"tp": tp, "pp": v.get("pp", 1), "expert_parallel": expert_parallel},
+            "engine": {"name": self.name, "version": parser.version},
+            "model": {"path": model, "id": get("--served-model-name") or model},
+            "parallel": {"tp": tp, "pp": get("--pp-size", 1), "expert_parallel": expert_parallel},
             "serving": serving,
-            "speculative": self._speculative(v),
-            "extra_args": parsed.passthrough,
+            "speculative": self._speculative(parser, v),
+            "extra_args": passthrough,
         }
         master_addr: str | None = None
         master_port: int | None = None
-        if "dist_init_addr" in v:
-            host, sep, port = v["dist_init_addr"].rpartition(":")
+        if (dist := get("--dist-init-addr")) is not None:
+            host, sep, port = dist.rpartition(":")
             if not sep or not port.isdigit():
-                raise self.table.error("--dist-init-addr",
-                                       f"argument --dist-init-addr: {v['dist_init_addr']!r} is "
-                                       "not HOST:PORT")
+                raise parser.error("--dist-init-addr", f"argument --dist-init-addr: {dist!r} is "
+                                                       "not HOST:PORT")
             master_addr, master_port = host.strip("[]"), int(port)
-        node_rank = v.get("node_rank", 0)
-        info = LaunchInfo(node_rank=node_rank, nnodes=v.get("nnodes", 1), headless=node_rank > 0,
-                          host=v.get("host", "127.0.0.1"), port=v.get("port", 30000),
+        node_rank = get("--node-rank", 0)
+        info = LaunchInfo(node_rank=node_rank, nnodes=get("--nnodes", 1), headless=node_rank > 0,
+                          host=get("--host", "127.0.0.1"), port=get("--port", 30000),
                           master_addr=master_addr, master_port=master_port)
         return raw, info

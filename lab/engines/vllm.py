@@ -2,11 +2,12 @@
 
 Multi-node serving is vLLM's multiprocessing mode: every node runs `vllm serve` with the
 same arguments plus `--nnodes N --node-rank R --master-addr HEAD --master-port 29500`;
-rank 0 serves the API, the others add `--headless`. Flag names follow vLLM's
-`EngineArgs` (vllm/engine/arg_utils.py, vllm/config/parallel.py, vllm/config/load.py);
-the FP4 overrides `--moe-backend` and `--linear-backend` follow LAB_MODEL.md section 6.
-Log formats follow vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py and the
-startup lines quoted in tests/lab/engines/fixtures/.
+rank 0 serves the API, the others add `--headless`. Which flags a version has, their
+choices and how they are read come from its table (lab.engines.argv); this module says
+only which flag carries which configuration field. The FP4 backends are chosen by
+`--moe-backend` and `--linear-backend` (LAB_MODEL.md section 6), whose choices are the
+version's. Log formats are those the tables quote (`lines`), from vllm/v1/metrics/loggers.py,
+vllm/v1/spec_decode/metrics.py and the startup code.
 """
 
 from __future__ import annotations
@@ -14,140 +15,39 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from decimal import Decimal, InvalidOperation
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from lab.config import LINEAR_BACKENDS, LOAD_FORMATS, LOAD_STRATEGIES, MOE_BACKENDS, shown
-from lab.engines.base import (
-    MASTER_PORT,
-    Engine,
-    EngineArgError,
-    Flag,
-    FlagTable,
-    LaunchInfo,
-)
+from lab.config import LOAD_FORMATS, ConfigError, shown
+from lab.engines.base import MASTER_PORT, Engine, EngineArgError, LaunchInfo
 from lab.engines.logs import Event, LogLine, Matcher, normalize_backend, number, shard_progress
 from lab.inventory import Node
 
-PROG = "vllm serve"
 KV_TO_FLAG = {"auto": "auto", "fp8": "fp8", "bf16": "bfloat16"}
 KV_FROM_FLAG = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "bfloat16": "bf16"}
 SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
 SPEC_METHODS_FROM_JSON = {"eagle3": "eagle3", "ngram": "ngram", "[ngram]": "ngram",
                           "mtp": "mtp", "deepseek_mtp": "mtp"}
-_HUMAN_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-                "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# serving.max_model_len cannot hold vLLM's `auto` (fit the length to memory, read as -1):
+# such a flag travels in extra_args as written.
+AUTO_LENGTH = -1
 
 
-def human_int(text: str) -> int:
-    """vLLM's --max-model-len: 262144, 256K (×1024) or 262.144k (×1000)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", text.strip())
-    if not m:
-        raise ValueError(text)
-    try:
-        value = Decimal(m[1]) * _HUMAN_SCALE[m[2]]
-    except InvalidOperation as exc:
-        raise ValueError(text) from exc
-    if value != value.to_integral_value():
-        raise ValueError(text)
-    return int(value)
-
-
-def json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise ValueError(text[:60]) from None  # nested past the interpreter's limit
-    if not isinstance(value, dict):
-        raise ValueError(text)
-    return value
-
-
-def _passthrough(names: tuple[str, ...], kind: str = "str", choices: tuple[str, ...] = (),
-                 loads: str = "") -> Flag:
-    return Flag(names, "extra:" + names[0], kind, choices=choices, passthrough=True, loads=loads)
-
-
-FLAGS = (
-    Flag(("--model",), "model"),
-    Flag(("--served-model-name",), "served_model_name"),
-    Flag(("--tensor-parallel-size", "-tp"), "tp", "int"),
-    Flag(("--pipeline-parallel-size", "-pp"), "pp", "int"),
-    Flag(("--enable-expert-parallel", "-ep"), "expert_parallel", "optbool"),
-    Flag(("--nnodes", "-n"), "nnodes", "int"),
-    Flag(("--node-rank", "-r"), "node_rank", "int"),
-    Flag(("--master-addr",), "master_addr"),
-    Flag(("--master-port",), "master_port", "int"),
-    Flag(("--headless",), "headless", "bool"),
-    Flag(("--host",), "host"),
-    Flag(("--port",), "port", "int"),
-    Flag(("--max-model-len",), "max_model_len", convert=human_int, type_name="human_readable_int"),
-    Flag(("--kv-cache-dtype",), "kv_cache_dtype", choices=tuple(KV_FROM_FLAG)),
-    Flag(("--gpu-memory-utilization",), "gpu_memory_utilization", "float"),
-    Flag(("--enforce-eager",), "enforce_eager", "optbool"),
-    Flag(("--load-format",), "load_format", choices=LOAD_FORMATS),
-    Flag(("--safetensors-load-strategy",), "safetensors_load_strategy", choices=LOAD_STRATEGIES),
-    Flag(("--moe-backend",), "moe_backend", choices=MOE_BACKENDS["vllm"]),
-    Flag(("--linear-backend",), "linear_backend", choices=LINEAR_BACKENDS["vllm"]),
-    Flag(("--speculative-config",), "speculative_config", convert=json_object, type_name="JSON"),
-    # Known flags that do not change what the diagnostic measures: kept in extra_args.
-    _passthrough(("--trust-remote-code",), "bool", loads="remote_code"),
-    _passthrough(("--dtype",), choices=("auto", "half", "float16", "bfloat16", "float", "float32")),
-    _passthrough(("--quantization", "-q")),
-    _passthrough(("--max-num-seqs",), "int"),
-    _passthrough(("--max-num-batched-tokens",), "int"),
-    _passthrough(("--enable-prefix-caching",), "optbool"),
-    _passthrough(("--enable-chunked-prefill",), "optbool"),
-    _passthrough(("--async-scheduling",), "optbool"),
-    _passthrough(("--block-size",), "int"),
-    _passthrough(("--swap-space",), "float"),
-    _passthrough(("--seed",), "int"),
-    _passthrough(("--tokenizer",), loads="tokenizer"),
-    _passthrough(("--tokenizer-mode",)),
-    _passthrough(("--chat-template",), loads="chat_template"),
-    _passthrough(("--generation-config",), loads="generation_config"),
-    _passthrough(("--download-dir",), loads="download_dir"),
-    _passthrough(("--enable-auto-tool-choice",), "bool"),
-    _passthrough(("--tool-call-parser",)),
-    _passthrough(("--reasoning-parser",)),
-    # A secret (lab.config, "secrets"): masked where a configuration enters; the engine the
-    # lab starts gets the lab's own key for the job in its place (and VLLM_API_KEY, which it overrides).
-    _passthrough(("--api-key",)),
-    _passthrough(("--disable-log-requests",), "bool"),
-    _passthrough(("--enable-log-requests",), "optbool"),
-    _passthrough(("--disable-log-stats",), "bool"),
-    _passthrough(("--disable-uvicorn-access-log",), "bool"),
-    _passthrough(("--uvicorn-log-level",)),
-    _passthrough(("--max-log-len",), "int"),
-    _passthrough(("--disable-custom-all-reduce",), "bool"),
-    _passthrough(("--max-cudagraph-capture-size",), "int"),
-    _passthrough(("--compilation-config",), loads="compilation_config"),
-    _passthrough(("--enable-eplb",), "bool"),
-    _passthrough(("--all2all-backend",)),
-    _passthrough(("--attention-backend",)),
-    _passthrough(("--enable-force-include-usage",), "bool"),
-)
-
-SERVING_DESTS = ("max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "enforce_eager",
-                 "load_format", "safetensors_load_strategy", "moe_backend", "linear_backend")
-
-
-def _speculative_from_json(spec: Mapping[str, Any]) -> dict[str, Any]:
+def _speculative_from_json(spec: Mapping[str, Any], prog: str) -> dict[str, Any]:
     flag = "--speculative-config"
     for key in spec:
         if key not in SPEC_KEYS:
-            raise EngineArgError(flag, f"argument {flag}: key {shown(key)} is not supported; "
-                                       f"accepted: {', '.join(SPEC_KEYS)}", PROG)
+            raise EngineArgError(flag, f"argument {flag}: key {shown(key)} is not modelled; "
+                                       f"accepted: {', '.join(SPEC_KEYS)}", prog)
     method = spec.get("method")
     if method is None and spec.get("model") in ("ngram", "[ngram]"):
         method = "ngram"  # older vLLM named the n-gram proposer through "model"
     if method not in SPEC_METHODS_FROM_JSON:
-        raise EngineArgError(flag, f"argument {flag}: method {shown(method)} is not supported; "
-                                   "use one of eagle3, ngram, mtp", PROG)
+        raise EngineArgError(flag, f"argument {flag}: method {shown(method)} is not modelled; "
+                                   "use one of eagle3, ngram, mtp", prog)
     out: dict[str, Any] = {"method": SPEC_METHODS_FROM_JSON[method]}
     if "num_speculative_tokens" not in spec:
-        raise EngineArgError(flag, f"argument {flag}: num_speculative_tokens is required", PROG)
+        raise EngineArgError(flag, f"argument {flag}: num_speculative_tokens is required", prog)
     out["num_speculative_tokens"] = spec["num_speculative_tokens"]
     if out["method"] == "eagle3":
         out["draft_model"] = spec.get("model")
@@ -188,7 +88,7 @@ def _stats(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | 
     waiting = _find(r"(?:Waiting|Pending): ([\d,]+) reqs", message)
     event["running"] = int(number(running)) if running is not None else None
     event["waiting"] = int(number(waiting)) if waiting is not None else None
-    if (kv := _find(r"GPU KV cache usage: ([\d,.]+)%", message)) is not None:
+    if (kv := _find(r"KV cache usage: ([\d,.]+)%", message)) is not None:
         event["kv_cache_usage_pct"] = number(kv)
     if (hit := _find(r"Prefix cache hit rate: ([\d,.]+)%", message)) is not None:
         event["prefix_cache_hit_pct"] = number(hit)
@@ -277,28 +177,52 @@ def _model_loaded_v0(message: str, line: LogLine, state: dict[str, Any]) -> list
 
 
 def _api_ready(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
-    m = re.search(r"Starting vLLM API server(?: \d+)? on (\S+)", message)
+    """'Starting vLLM server on http://0.0.0.0:8000' (the modelled releases; older ones
+    wrote 'Starting vLLM API server 0 on ...')."""
+    m = re.search(r"^Starting vLLM (?:API )?server(?: \d+)? on (\S+)", message)
     return [{"kind": "api_ready", "url": m[1].rstrip(",.")}] if m else None
 
 
-_FP4 = (
-    # Simulated lab and similar: "Using FlashInferCutlass backend for NVFP4 MoE".
-    re.compile(r"Using (?P<name>[\w-]+) backend for NVFP4 (?P<layer>MoE|GEMM|[Ll]inear)"),
-    # vLLM >= 0.11: "Using 'MARLIN' NvFp4 MoE backend out of potential backends: [...]".
-    re.compile(r"Using '(?P<name>[\w-]+)' NvFp4 (?P<layer>MoE|GEMM|[Ll]inear) backend"),
-    # "Using CutlassNvFp4LinearKernel for NVFP4 GEMM".
-    re.compile(r"Using (?P<name>\w+?LinearKernel) for NVFP4 (?P<layer>GEMM)"),
-)
+# The MoE oracle's line: 0.29 'Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential
+# backends: [...]', 0.34 'Using FLASHINFER_CUTLASS NvFp4 MoE backend out of potential
+# backends: [...]' (its format, 'Using {backend.value} {self.name} MoE {lora}backend
+# {available}.', serves every quantization's oracle: only NvFp4 is an FP4 backend).
+_MOE_QUOTED = re.compile(r"^Using '(?P<name>[\w-]+)' NvFp4 MoE (?:LoRA )?backend")
+_MOE_BARE = re.compile(r"^Using (?P<name>[\w-]+) NvFp4 MoE (?:LoRA )?backend")
+# 'Using FlashInferCutlassNvFp4LinearKernel for NVFP4 GEMM'.
+_LINEAR = re.compile(r"^Using (?P<name>[\w-]+) for NVFP4 GEMM")
+# The release that writes each form of the MoE line (parse_log's `version`).
+MOE_LINE_QUOTED = {"0.29.0": True, "0.34.0": False}
 
 
 def _fp4_backend(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
-    for regex in _FP4:
+    quoted = MOE_LINE_QUOTED.get(state.get("version") or "")
+    regexes = [r for r, q in ((_MOE_QUOTED, True), (_MOE_BARE, False)) if quoted in (None, q)]
+    for regex in regexes:
         if m := regex.search(message):
-            layer = "moe" if m["layer"] == "MoE" else "linear"
             return [{"kind": "fp4_backend", "backend": normalize_backend(m["name"]),
-                     "layer": layer}]
+                     "layer": "moe"}]
+    if m := _LINEAR.search(message):
+        return [{"kind": "fp4_backend", "backend": normalize_backend(m["name"]),
+                 "layer": "linear"}]
     if "Weight-only FP4 compression will be used leveraging the Marlin kernel" in message:
         return [{"kind": "fp4_backend", "backend": "marlin", "layer": "linear"}]
+    return None
+
+
+def _unknown_env(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
+    """'Unknown vLLM environment variable detected: VLLM_USE_FLASHINFER_MOE_FP4': a variable
+    this release does not read, ignored."""
+    m = re.search(r"Unknown vLLM environment variable detected: (\S+)", message)
+    return [{"kind": "unknown_env", "name": m[1]}] if m else None
+
+
+def _kv_cache(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
+    """'Available KV cache memory: 12.5 GiB' and 'GPU KV cache size: 123,456 tokens, ...'."""
+    if m := re.search(r"^Available KV cache memory: ([\d.,]+) GiB", message):
+        return [{"kind": "kv_cache", "available_gib": number(m[1])}]
+    if m := re.search(r"^(?:\w+ )?KV cache size: ([\d,]+) tokens", message):
+        return [{"kind": "kv_cache", "tokens": int(number(m[1]))}]
     return None
 
 
@@ -347,31 +271,59 @@ LOG_MATCHERS: tuple[Matcher, ...] = (
     _timed("graph_capture", r"Graph capturing finished in ([\d.]+) secs?(?:, took ([\d.]+) GiB)?",
            memory=2),
     _timed("engine_init", r"init engine \(profile, create kv cache, warmup model\) took "
-                          r"([\d.]+) (?:seconds|s)(?: \(compilation: ([\d.]+) s\))?",
+                          r"([\d.]+) (?:seconds|s)(?: \(compilation: ([\d.]+) s)?",
            extra=(("compilation_s", 2),)),
     _api_ready,
     _fp4_backend,
+    _unknown_env,
+    _kv_cache,
     _kv_budget,
 )
 ERROR_MATCHERS: tuple[Matcher, ...] = (_kv_budget,)
 
+# Configuration field -> the flag that carries it (every modelled release has these).
+FIELD_FLAGS = {
+    "model.path": "--model",
+    "model.id": "--served-model-name",
+    "parallel.tp": "--tensor-parallel-size",
+    "parallel.pp": "--pipeline-parallel-size",
+    "parallel.expert_parallel": "--enable-expert-parallel",
+    "serving.max_model_len": "--max-model-len",
+    "serving.kv_cache_dtype": "--kv-cache-dtype",
+    "serving.gpu_memory_utilization": "--gpu-memory-utilization",
+    "serving.enforce_eager": "--enforce-eager",
+    "serving.load_format": "--load-format",
+    "serving.safetensors_load_strategy": "--safetensors-load-strategy",
+    "serving.moe_backend": "--moe-backend",
+    "serving.linear_backend": "--linear-backend",
+    "speculative": "--speculative-config",
+}
+# vLLM's shorthands for fields of --speculative-config (SpeculativeConfig's method, model
+# and num_speculative_tokens), which it merges into that configuration.
+SPEC_SHORTHANDS = {"--spec-method": "method", "--spec-model": "model",
+                   "--spec-tokens": "num_speculative_tokens"}
+LAUNCH_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
+                "--host", "--port")
+LOADS_FLAGS = {"--trust-remote-code": "remote_code", "--tokenizer": "tokenizer",
+               "--chat-template": "chat_template", "--generation-config": "generation_config",
+               "--download-dir": "download_dir", "--compilation-config": "compilation_config"}
+
 
 class Vllm(Engine):
     name = "vllm"
-    table = FlagTable(PROG, FLAGS, underscores=True)
-    dest_fields: ClassVar[Mapping[str, str]] = {
-        "model": "model.path",
-        "served_model_name": "model.id",
-        "tp": "parallel.tp",
-        "pp": "parallel.pp",
-        "expert_parallel": "parallel.expert_parallel",
-        **{dest: f"serving.{dest}" for dest in SERVING_DESTS},
-        "speculative_config": "speculative",
-    }
-    launch_dests = frozenset({"nnodes", "node_rank", "master_addr", "master_port", "headless",
-                              "host", "port"})
+    field_flags: ClassVar[Mapping[str, str]] = FIELD_FLAGS
+    launch_flags = LAUNCH_FLAGS
+    loads_flags: ClassVar[Mapping[str, str]] = LOADS_FLAGS
     log_matchers = LOG_MATCHERS
     error_matchers = ERROR_MATCHERS
+
+    def modelled_dests(self, parser: Any) -> dict[str, str]:
+        out = super().modelled_dests(parser)
+        for flag in SPEC_SHORTHANDS:
+            option = parser.option(flag)
+            if option is not None:
+                out[option.dest] = "speculative"
+        return out
 
     def invocation(self, tokens: Sequence[str]) -> list[str] | None:
         if not tokens:
@@ -385,6 +337,39 @@ class Vllm(Engine):
             if tokens[2:4] == ["vllm.entrypoints.cli.main", "serve"]:
                 return list(tokens[4:])
         return None
+
+    def check_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        version = config["engine"]["version"]
+        parser = self.parser(version)
+        serving = dict(config["serving"])
+        for name, flag in (("moe_backend", "--moe-backend"), ("linear_backend", "--linear-backend"),
+                           ("safetensors_load_strategy", "--safetensors-load-strategy")):
+            serving[name] = self._choice(parser, flag, f"serving.{name}", serving[name])
+        if serving["load_format"] not in LOAD_FORMATS:
+            raise ConfigError("serving.load_format", f"{shown(serving['load_format'])} is not "
+                                                     f"modelled; use one of {', '.join(LOAD_FORMATS)}")
+        return {**config, "serving": serving}
+
+    def _choice(self, parser: Any, flag: str, config_field: str, value: str) -> str:
+        """`value` as the version's `flag` reads it (its converter, then its choices)."""
+        default = {"serving.safetensors_load_strategy": "lazy"}.get(config_field, "auto")
+        option = parser.option(flag)
+        if option is None:
+            if value == default:
+                return value
+            raise ConfigError(config_field, f"vllm {parser.version} has no {flag}; use {default}")
+        try:
+            converted = option.convert(value)
+        except (TypeError, ValueError):
+            converted = value
+        accepted = [str(c) for c in option.choices or () if c is not None]
+        if option.choices is not None and converted not in option.choices:
+            raise ConfigError(config_field, f"{shown(value)} is not a choice of {flag} in vllm "
+                                            f"{parser.version}; use one of {', '.join(accepted)}")
+        if not isinstance(converted, str):
+            raise ConfigError(config_field, f"{shown(value)} is not accepted; use one of "
+                                            f"{', '.join(accepted)}")
+        return converted
 
     def argv(self, config: Mapping[str, Any], *, rank: int, nnodes: int, head: Node,
              node: Node) -> list[str]:
@@ -418,29 +403,74 @@ class Vllm(Engine):
             argv += ["--speculative-config", _speculative_json(spec)]
         return argv + list(config["extra_args"])
 
-    def read_args(self, args: Sequence[str]) -> tuple[dict[str, Any], LaunchInfo]:
-        parsed = self.table.parse(args, max_positionals=1)
-        v = parsed.values
+    def read_args(self, args: Sequence[str], version: str) -> tuple[dict[str, Any], LaunchInfo]:
+        parser = self.parser(version)
+        parsed = parser.parse(args)
+        modelled = self.modelled_dests(parser)
+        launch = self.launch_dests(parser)
+        values: dict[str, Any] = {}
+        passthrough: list[str] = []
+        shorthand = {o.dest: key for o, key in ((parser.option(f), k) for f, k in
+                                                 SPEC_SHORTHANDS.items()) if o is not None}
+        spec_parts: dict[str, Any] = {}
+        for given in parsed.given:
+            dest = given.option.dest
+            if dest in shorthand:
+                spec_parts[shorthand[dest]] = given.value
+            elif dest == "max_model_len" and given.value == AUTO_LENGTH:
+                values.pop("serving.max_model_len", None)
+                passthrough.extend(given.tokens)
+            elif dest in modelled:
+                values[modelled[dest]] = given.value
+            elif dest in launch:
+                values[dest] = given.value
+            else:
+                passthrough.extend(given.tokens)
         # `vllm serve MODEL` wins over --model, as in vLLM's serve command.
-        model = parsed.positionals[0] if parsed.positionals else v.get("model")
+        model = parsed.positionals.get("model_tag") or values.get("model.path")
         if model is None:
-            raise self.table.error("model", "the following arguments are required: model_tag "
+            raise parser.error("model_tag", "the following arguments are required: model_tag "
                                             "(vllm serve MODEL ...)")
-        serving = {dest: v[dest] for dest in SERVING_DESTS if dest in v}
+        served = values.get("model.id")
+        if isinstance(served, list):
+            if len(served) > 1:
+                raise parser.error("--served-model-name", "argument --served-model-name: "
+                                   f"{len(served)} names are not modelled; give one")
+            served = served[0] if served else None
+        serving = {f.split(".", 1)[1]: v for f, v in values.items() if f.startswith("serving.")}
         if "kv_cache_dtype" in serving:
-            serving["kv_cache_dtype"] = KV_FROM_FLAG[serving["kv_cache_dtype"]]
+            kv = serving["kv_cache_dtype"]
+            if kv not in KV_FROM_FLAG:
+                raise parser.error("--kv-cache-dtype", f"argument --kv-cache-dtype: {kv!r} is "
+                                   f"not modelled; use one of {', '.join(KV_FROM_FLAG)}")
+            serving["kv_cache_dtype"] = KV_FROM_FLAG[kv]
+        spec = values.get("speculative")
+        if spec_parts:
+            spec = {**(spec if isinstance(spec, dict) else {}),
+                    **{k: v for k, v in spec_parts.items() if v is not None}}
         raw: dict[str, Any] = {
-            "engine": {"name": self.name},
-            "model": {"path": model, "id": v.get("served_model_name", model)},
-            "parallel": {"tp": v.get("tp", 1), "pp": v.get("pp", 1),
-                         "expert_parallel": v.get("expert_parallel", False)},
+            "engine": {"name": self.name, "version": parser.version},
+            "model": {"path": model, "id": served or model},
+            "parallel": {"tp": values.get("parallel.tp", 1), "pp": values.get("parallel.pp", 1),
+                         "expert_parallel": values.get("parallel.expert_parallel", False)},
             "serving": serving,
-            "speculative": (_speculative_from_json(v["speculative_config"])
-                            if "speculative_config" in v else None),
-            "extra_args": parsed.passthrough,
+            "speculative": (_speculative_from_json(spec, parser.prog) if isinstance(spec, dict)
+                            else None),
+            "extra_args": passthrough,
         }
-        info = LaunchInfo(node_rank=v.get("node_rank", 0), nnodes=v.get("nnodes", 1),
-                          headless=v.get("headless", False), host=v.get("host", "0.0.0.0"),  # noqa: S104
-                          port=v.get("port", 8000), master_addr=v.get("master_addr"),
-                          master_port=v.get("master_port"))
+        if spec is not None and not isinstance(spec, dict):
+            raise parser.error("--speculative-config", "argument --speculative-config: "
+                               f"{shown(spec)} is not a JSON object")
+        info = LaunchInfo(node_rank=values.get("node_rank", 0),
+                          nnodes=values.get("nnodes", 1),
+                          headless=values.get("headless", False),
+                          host=values.get("host", "0.0.0.0"),  # noqa: S104
+                          port=values.get("port", 8000), master_addr=values.get("master_addr"),
+                          master_port=values.get("master_port"))
         return raw, info
+
+    def extra_problem(self, parser: Any, given: Any) -> str | None:
+        # `--max-model-len auto` is the one modelled flag a field cannot hold.
+        if given.option.dest == "max_model_len" and given.value == AUTO_LENGTH:
+            return None
+        return super().extra_problem(parser, given)

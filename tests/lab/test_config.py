@@ -30,7 +30,7 @@ def test_an_empty_config_gets_every_field_with_engine_defaults() -> None:
     config = normalize_config({})
     assert config == {
         "schema": "diagnostic.config/1",
-        "engine": {"name": "vllm", "version": "0.29.1"},
+        "engine": {"name": "vllm", "version": "0.34.0"},
         "model": {"id": "moonshotai/Kimi-K2-Instruct-0905", "quantization": "nvfp4",
                   "path": "/models/kimi-k2"},
         "cluster": {"nodes": 1, "node_type": "dgx-spark", "link_gbps": 100.0},
@@ -206,7 +206,8 @@ def test_extra_args_keep_known_pass_through_flags_in_order() -> None:
 def test_extra_args_refuse_an_unknown_flag_by_name() -> None:
     err = error_of({"extra_args": ["--frobnicate", "3"]})
     assert err.field == "extra_args"
-    assert "'--frobnicate' is not a vllm flag" in str(err)
+    assert str(err) == ("extra_args: '--frobnicate' is not a flag of vllm 0.34.0 (vllm serve: "
+                        "error: unrecognized arguments: --frobnicate 3); remove it")
 
 
 def test_extra_args_refuse_a_flag_that_a_config_field_sets() -> None:
@@ -226,7 +227,7 @@ def test_extra_args_check_values_like_the_engine() -> None:
 
 def test_extra_args_are_checked_against_the_configured_engine() -> None:
     err = error_of({"engine": {"name": "sglang"}, "extra_args": ["--max-num-seqs", "4"]})
-    assert "not a sglang flag" in str(err)
+    assert "is not a flag of sglang 0.5.23" in str(err)
     sglang = normalize_config({"engine": {"name": "sglang"},
                                "extra_args": ["--max-running-requests", "4"]})
     assert sglang["extra_args"] == ["--max-running-requests", "4"]
@@ -244,7 +245,27 @@ def test_an_unquoted_version_number_is_refused_with_a_hint() -> None:
 
 
 def test_the_engine_version_defaults_per_engine() -> None:
-    assert normalize_config({"engine": {"name": "sglang"}})["engine"]["version"] == "0.5.6"
+    assert normalize_config({"engine": {"name": "sglang"}})["engine"]["version"] == "0.5.23"
+    assert normalize_config({})["engine"]["version"] == "0.34.0"
+
+
+@pytest.mark.parametrize(("engine", "version", "modelled"), [
+    ("vllm", "0.29.1", "0.29.0, 0.34.0"), ("sglang", "0.5.6", "0.5.12, 0.5.23"),
+    ("vllm", "latest", "0.29.0, 0.34.0")])
+def test_a_version_the_platform_does_not_model_is_refused_with_the_list(
+        engine: str, version: str, modelled: str) -> None:
+    err = error_of({"engine": {"name": engine, "version": version}})
+    assert err.field == "engine.version"
+    assert str(err) == (f"engine.version: {version!r} is not a {engine} version the platform "
+                        f"models; use one of {modelled}")
+
+
+def test_a_pasted_command_is_read_with_the_version_beside_it() -> None:
+    text = "vllm serve /models/kimi-k2 --disable-log-requests"
+    assert normalize_config({"launch_command": text})["extra_args"] == ["--disable-log-requests"]
+    err = error_of({"launch_command": text, "engine": {"version": "0.29.0"}})
+    assert err.field == "launch_command"
+    assert "unrecognized arguments: --disable-log-requests" in str(err)
 
 
 def test_an_unknown_engine_is_refused() -> None:
@@ -252,12 +273,21 @@ def test_an_unknown_engine_is_refused() -> None:
         "engine.name: 'tgi' is not accepted; use one of vllm, sglang"
 
 
-def test_fp4_backends_are_checked_per_engine() -> None:
+def test_fp4_backends_are_checked_per_engine_version() -> None:
     vllm = normalize_config({"serving": {"moe_backend": "marlin", "linear_backend": "cutlass"}})
     assert vllm["serving"]["moe_backend"] == "marlin"
-    err = error_of({"engine": {"name": "sglang"}, "serving": {"linear_backend": "cutlass"}})
+    # vLLM lower-cases and turns - into _ before checking, as its flag does
+    b12x = normalize_config({"serving": {"moe_backend": "FLASHINFER-B12X"}})
+    assert b12x["serving"]["moe_backend"] == "flashinfer_b12x"
+    err = error_of({"engine": {"name": "sglang"}, "serving": {"linear_backend": "triton"}})
     assert err.field == "serving.linear_backend"
-    assert "flashinfer_cutlass" in str(err)
+    assert "flashinfer_cutlass" in str(err) and "sglang 0.5.23" in str(err)
+    # marlin is a --fp4-gemm-backend choice of 0.5.23, not of 0.5.12
+    assert normalize_config({"engine": {"name": "sglang", "version": "0.5.23"},
+                             "serving": {"linear_backend": "marlin"}})
+    err = error_of({"engine": {"name": "sglang", "version": "0.5.12"},
+                    "serving": {"linear_backend": "marlin"}})
+    assert err.field == "serving.linear_backend"
 
 
 def test_sglang_has_no_eager_safetensors_strategy() -> None:
@@ -339,14 +369,14 @@ def test_a_yaml_scalar_is_not_a_configuration() -> None:
 def test_a_launch_command_stands_for_the_structured_fields() -> None:
     config = load_config_text(
         "schema: diagnostic.config/1\n"
-        "engine: {version: '0.28.0'}\n"
+        "engine: {version: '0.29.0'}\n"
         "cluster: {nodes: 8}\n"
         "workloads: [code]\n"
         "launch_command: >-\n"
         "  NCCL_SOCKET_IFNAME=enp1s0f0np0 vllm serve /models/kimi-k2\n"
         "  --tensor-parallel-size 4 --enable-expert-parallel --kv-cache-dtype fp8\n"
     )
-    assert config["engine"] == {"name": "vllm", "version": "0.28.0"}
+    assert config["engine"] == {"name": "vllm", "version": "0.29.0"}
     assert config["cluster"]["nodes"] == 8
     assert config["parallel"] == {"tp": 4, "pp": 1, "expert_parallel": True}
     assert config["serving"]["kv_cache_dtype"] == "fp8"
@@ -380,8 +410,11 @@ def test_the_reference_yaml_and_its_pasted_command_are_the_same_configuration() 
 
 def test_the_reference_configuration_is_the_out_of_box_story() -> None:
     config = load_config_text(REFERENCE_YAML.read_text())
-    assert config["engine"] == {"name": "vllm", "version": "0.29.1"}
+    assert config["engine"] == {"name": "vllm", "version": "0.34.0"}
     assert config["parallel"] == {"tp": 8, "pp": 1, "expert_parallel": True}
+    # the model's tokenizer is its own code; the draft by the lab's path
+    assert config["extra_args"] == ["--trust-remote-code"]
+    assert config["speculative"]["draft_model"] == "/models/kimi-k2-eagle3"
     serving = config["serving"]
     assert (serving["load_format"], serving["safetensors_load_strategy"]) == ("auto", "lazy")
     assert serving["jit_cache"] == "ephemeral"

@@ -98,10 +98,12 @@ def test_an_env_name_with_a_control_character_is_not_a_name(name: str) -> None:
     ("\\ud800", "U+D800"),
 ])
 def test_yaml_escapes_cannot_smuggle_a_control_character(escape: str, named: str) -> None:
-    text = REFERENCE_TEXT.replace("extra_args: []", f'extra_args: ["--tokenizer-mode", "slow{escape}"]')
+    text = REFERENCE_TEXT.replace('extra_args: ["--trust-remote-code"]',
+                                  f'extra_args: ["--trust-remote-code", "--tokenizer-mode", "slow{escape}"]')
+    assert text != REFERENCE_TEXT
     with pytest.raises(ConfigError) as caught:
         load_config_text(text)
-    assert caught.value.field == "extra_args[1]" and named in caught.value.problem
+    assert caught.value.field == "extra_args[2]" and named in caught.value.problem
 
 
 # -- a pasted command ---------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from lab.inventory import parse_inventory
 from lab.session import LabSession
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
+# The reference lab's catalog (the one lab.catalog.load_catalog() reads by default).
+LAB_CATALOG = Path(__file__).resolve().parents[2] / "lab" / "catalog.yaml"
 EAGLE3 = {"method": "eagle3", "draft_model": "AQ-MedAI/Kimi-K2-Instruct-eagle3",
           "num_speculative_tokens": 4}
 
@@ -63,6 +65,25 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
      "extra_args"),
     ("name a compilation backend", {"extra_args": ["--compilation-config",
                                                    '{"backend": "evil.module.fn"}']}, "extra_args"),
+    # Pass-through flags the engine has that import code, read files or reach the network.
+    ("import a middleware", {"extra_args": ["--middleware", "evil.module.App"]}, "extra_args"),
+    ("load a tool parser plugin", {"extra_args": ["--tool-parser-plugin", "/tmp/p.py"]},
+     "extra_args"),
+    ("read arguments from a file", {"extra_args": ["--config", "/etc/args.yaml"]}, "extra_args"),
+    ("override the model's config", {"extra_args": ["--hf-overrides", '{"auto_map": {}}']},
+     "extra_args"),
+    ("name a KV connector module", {"extra_args": [
+        "--kv-transfer-config", '{"kv_connector_module_path": "evil"}']}, "extra_args"),
+    ("import logits processors", {"extra_args": ["--logits-processors", "evil.P"]}, "extra_args"),
+    ("extend the worker class", {"extra_args": ["--worker-extension-cls", "evil.W"]},
+     "extra_args"),
+    ("load LoRA adapters", {"extra_args": ["--lora-modules", "a=/tmp/a"]}, "extra_args"),
+    ("read local media anywhere", {"extra_args": ["--allowed-local-media-path", "/"]},
+     "extra_args"),
+    ("reach a tool server", {"extra_args": ["--tool-server", "evil.example:80"]}, "extra_args"),
+    ("a draft by vLLM's shorthand", {"extra_args": ["--spec-model", "evil/d"]}, "extra_args"),
+    ("sglang: read an n-gram corpus", {"engine": {"name": "sglang"}, "extra_args": [
+        "--speculative-ngram-external-corpus-path", "/etc/shadow"]}, "extra_args"),
     ("sglang: load any tokenizer", {"engine": {"name": "sglang"},
                                     "extra_args": ["--tokenizer-path", "evil/tok"]}, "extra_args"),
     ("sglang: choose a download dir", {"engine": {"name": "sglang"},
@@ -83,7 +104,11 @@ def reference() -> dict[str, Any]:
 def hostile(fields: dict[str, Any]) -> dict[str, Any]:
     data = reference()
     for key, value in fields.items():
-        data[key] = {**data[key], **value} if isinstance(value, dict) and data.get(key) else value
+        if key == "engine":
+            data[key] = value  # another engine: its own default version
+        else:
+            data[key] = {**data[key], **value} if isinstance(value, dict) and data.get(key) \
+                else value
     return data
 
 
@@ -137,6 +162,9 @@ COMMANDS = [
     ("a draft from any repository", "vllm serve /models/kimi-k2 --speculative-config "
      "'{\"method\": \"eagle3\", \"model\": \"evil/d\", \"num_speculative_tokens\": 3}'",
      "evil/d"),
+    ("a draft by vLLM's shorthand", "vllm serve /models/kimi-k2 --spec-method eagle3 "
+     "--spec-model evil/d --spec-tokens 3", "evil/d"),
+    ("a middleware", "vllm serve /models/kimi-k2 --middleware evil.App", "--middleware"),
     ("sglang: any tokenizer", "python3 -m sglang.launch_server --model-path /models/kimi-k2 "
      "--tokenizer-path /tmp/tok", "--tokenizer-path"),
     ("sglang: a draft from any repository", "python3 -m sglang.launch_server --model-path "
@@ -207,6 +235,7 @@ def unreachable_inventory() -> Any:
     # Port 1 on loopback refuses at once: any attempt to reach the node fails as LabError.
     return parse_inventory({
         "schema": "lab.inventory/1", "name": "nowhere", "known_hosts": "/dev/null",
+        "catalog": str(LAB_CATALOG),
         "nodes": [{"name": f"n{i}", "host": "127.0.0.1", "port": 1,
                    "role": "head" if i == 0 else "worker"} for i in range(8)],
     }, base=Path("/tmp"))

@@ -12,7 +12,8 @@ from lab.engines.logs import normalize_backend, read_line, seconds_of_year
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KINDS = {"stats", "specdec", "weights_loaded", "model_loaded", "graph_capture", "engine_init",
-         "fp4_backend", "api_ready", "error", "shard_progress", "compile", "kv_budget"}
+         "fp4_backend", "api_ready", "error", "shard_progress", "compile", "kv_budget",
+         "kv_cache", "nccl", "unknown_env", "trust_remote_code"}
 
 
 def fixture(name: str) -> list[dict[str, Any]]:
@@ -45,10 +46,11 @@ def test_every_fixture_yields_known_events_on_real_line_numbers(name: str) -> No
 
 def test_the_simulated_labs_vllm_lines_all_parse() -> None:
     events = fixture("vllm_lab_contract.log")
-    assert kinds(events) == ["shard_progress", "shard_progress", "weights_loaded",
+    assert kinds(events) == ["unknown_env", "shard_progress", "shard_progress", "weights_loaded",
                              "model_loaded", "fp4_backend", "compile", "graph_capture",
                              "engine_init", "api_ready", "stats", "specdec"]
-    assert events[0] | {"ts": 0} == {"kind": "shard_progress", "line": 4, "ts": 0,
+    assert one(events, "unknown_env")["name"] == "VLLM_USE_FLASHINFER_MOE_FP4"
+    assert events[1] | {"ts": 0} == {"kind": "shard_progress", "line": 4, "ts": 0,
                                      "ts_text": "12-02 10:00:21", "done": 16, "total": 64,
                                      "percent": 25, "loader": "safetensors", "elapsed_s": 62.0}
     assert one(events, "weights_loaded")["seconds"] == 186.23
@@ -57,7 +59,8 @@ def test_the_simulated_labs_vllm_lines_all_parse() -> None:
     assert one(events, "fp4_backend")["backend"] == "flashinfer_cutlass"
     assert one(events, "compile")["seconds"] == 150.31
     assert one(events, "graph_capture")["seconds"] == 75.0
-    assert one(events, "engine_init")["seconds"] == 240.12
+    assert (one(events, "engine_init")["seconds"], one(events, "engine_init")["compilation_s"]) == \
+        (240.12, 150.31)
     assert one(events, "api_ready")["url"] == "http://0.0.0.0:8000"
     stats = one(events, "stats")
     assert (stats["generation_tps"], stats["prompt_tps"], stats["running"], stats["waiting"]) == \
@@ -91,7 +94,8 @@ def test_multinode_worker_progress_and_prefixed_load_lines() -> None:
 
 def test_vllm_0_9_startup_without_process_prefixes() -> None:
     events = fixture("vllm_0_9_startup.log")
-    assert kinds(events) == ["compile", "graph_capture", "engine_init", "api_ready"]
+    assert kinds(events) == ["compile", "kv_cache", "graph_capture", "engine_init", "api_ready"]
+    assert one(events, "kv_cache")["available_gib"] == 26.91
     assert one(events, "graph_capture") | {"ts": 0} == {
         "kind": "graph_capture", "line": 8, "ts": 0, "ts_text": "06-22 02:55:02",
         "seconds": 14.0, "memory_gib": 0.84}
@@ -129,8 +133,8 @@ def test_vllm_v0_metrics_and_speculative_lines() -> None:
 
 def test_an_engine_core_traceback_is_one_error_with_its_exception() -> None:
     events = fixture("vllm_engine_core_failed.log")
-    assert kinds(events) == ["compile", "error", "error", "kv_budget"]
-    logged, traceback, kv = events[1], events[2], events[3]
+    assert kinds(events) == ["compile", "kv_cache", "error", "error", "kv_budget"]
+    logged, traceback, kv = events[2], events[3], events[4]
     assert (logged["message"], logged["traceback"]) == ("EngineCore failed to start.", False)
     assert traceback["traceback"] is True
     assert (traceback["first_line"], traceback["line"]) == (7, 15)
@@ -332,7 +336,9 @@ def test_sglang_newer_wording_with_commas() -> None:
 
 def test_sglang_load_time_comes_from_begin_and_end_stamps_when_not_logged() -> None:
     events = fixture("sglang_startup.log")
-    assert kinds(events) == ["shard_progress", "shard_progress", "weights_loaded", "error"]
+    assert kinds(events) == ["shard_progress", "shard_progress", "weights_loaded", "kv_cache",
+                             "error"]
+    assert one(events, "kv_cache")["tokens"] == 30192
     loaded = one(events, "weights_loaded")
     assert (loaded["seconds"], loaded["memory_gb"]) == (2.0, 1.18)
     assert events[0]["loader"] == "pt"

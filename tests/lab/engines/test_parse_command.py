@@ -8,9 +8,9 @@ from lab.config import ConfigError
 from lab.engines import parse_command
 
 
-def command_error(text: str) -> str:
+def command_error(text: str, *, version: str | None = None) -> str:
     with pytest.raises(ConfigError) as info:
-        parse_command(text)
+        parse_command(text, version=version)
     assert info.value.field == "launch_command"
     return str(info.value)
 
@@ -62,7 +62,9 @@ def test_per_node_flags_are_read_and_ignored() -> None:
 def test_what_a_command_cannot_say_is_derived_or_defaulted() -> None:
     config = parse_command("vllm serve /models/kimi-k2 --tensor-parallel-size 4 --pipeline-parallel-size 2")
     assert config["cluster"] == {"nodes": 8, "node_type": "dgx-spark", "link_gbps": 100.0}
-    assert config["engine"] == {"name": "vllm", "version": "0.29.1"}
+    assert config["engine"] == {"name": "vllm", "version": "0.34.0"}
+    assert parse_command("vllm serve /models/kimi-k2", version="0.29.0")["engine"] == \
+        {"name": "vllm", "version": "0.29.0"}
     assert config["workloads"] == ["code", "prose"]
     assert "reported" not in config
 
@@ -112,22 +114,58 @@ def test_known_harmless_flags_travel_in_extra_args_verbatim() -> None:
                                     "--tool-call-parser", "kimi_k2"]
 
 
-def test_an_unknown_flag_is_named() -> None:
-    assert command_error("vllm serve /models/kimi-k2 --data-parallel-size 2") == (
-        "launch_command: '--data-parallel-size' is not a vllm flag the diagnostic knows; "
-        "remove it, or ask us to add it")
+def test_a_flag_the_version_does_not_have_is_refused_in_its_words() -> None:
+    assert command_error("vllm serve /models/kimi-k2 --swap-space 16") == (
+        "launch_command: '--swap-space' is not a flag of vllm 0.34.0 (vllm serve: error: "
+        "unrecognized arguments: --swap-space 16); remove it")
+
+
+def test_a_flag_one_version_has_and_another_has_not() -> None:
+    text = "vllm serve /models/kimi-k2 --disable-log-requests"
+    assert parse_command(text, version="0.34.0")["extra_args"] == ["--disable-log-requests"]
+    assert "unrecognized arguments: --disable-log-requests" in \
+        command_error(text, version="0.29.0")
+
+
+def test_what_vllm_accepts_is_accepted_with_its_meaning() -> None:
+    config = parse_command("vllm serve /models/kimi-k2 -tp 8 --max-model-len auto "
+                           "--moe-backend FLASHINFER-CUTLASS --linear-backend Flashinfer_Cutlass "
+                           "--safetensors-load-strategy prefetch -sc "
+                           "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'")
+    assert config["parallel"]["tp"] == 8
+    assert config["extra_args"] == ["--max-model-len", "auto"]
+    assert config["serving"]["moe_backend"] == "flashinfer_cutlass"
+    assert config["serving"]["linear_backend"] == "flashinfer_cutlass"
+    assert config["serving"]["safetensors_load_strategy"] == "prefetch"
+    assert config["speculative"]["method"] == "ngram"
+
+
+def test_a_backend_the_version_does_not_have_is_refused_with_its_list() -> None:
+    message = command_error("vllm serve /models/kimi-k2 --moe-backend no_such")
+    assert message.startswith("launch_command: vllm serve: error: argument --moe-backend: invalid "
+                              "choice: 'no_such' (choose from aiter, ")
+    assert "flashinfer_b12x" in message
+
+
+def test_a_pass_through_flag_that_points_at_code_or_files_is_refused() -> None:
+    assert "names a middleware" in command_error(
+        "vllm serve /models/kimi-k2 --middleware my.module.Middleware")
+    assert "names a plugin" in command_error(
+        "vllm serve /models/kimi-k2 --tool-parser-plugin /tmp/x.py")
 
 
 def test_a_stray_argument_is_named() -> None:
-    assert command_error("vllm serve /a /b") == \
-        "launch_command: '/b' is an extra argument vllm serve does not take; remove it"
+    assert command_error("vllm serve /a /b") == (
+        "launch_command: '/b' is an extra argument vllm 0.34.0 does not take (vllm serve: error: "
+        "unrecognized arguments: /b); remove it")
 
 
 def test_a_bad_value_names_its_flag() -> None:
     assert command_error("vllm serve /models/kimi-k2 --gpu-memory-utilization 1.5").startswith(
         "launch_command: --gpu-memory-utilization: 1.5 is not accepted")
-    assert "argument --tensor-parallel-size: invalid int value: 'eight'" in \
-        command_error("vllm serve /models/kimi-k2 --tensor-parallel-size eight")
+    assert command_error("vllm serve /models/kimi-k2 --tensor-parallel-size eight") == (
+        "launch_command: vllm serve: error: argument --tensor-parallel-size/-tp: invalid int "
+        "value: 'eight'")
 
 
 def test_a_container_wrapper_is_refused_naming_the_token() -> None:

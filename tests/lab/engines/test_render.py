@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import pytest
 
+from lab.catalog import Catalog, CatalogModel
 from lab.config import ConfigError
 from lab.engines import normalize_config, render
 from lab.inventory import Node
 from tests.lab.engines.conftest import spark_nodes
 
 REFERENCE = {
-    "engine": {"name": "vllm", "version": "0.29.1"},
+    "engine": {"name": "vllm", "version": "0.34.0"},
     "parallel": {"tp": 8, "pp": 1, "expert_parallel": True},
     "serving": {"kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.85},
     "speculative": {"method": "eagle3", "draft_model": "AQ-MedAI/Kimi-K2-Instruct-eagle3",
@@ -89,7 +90,8 @@ def test_vllm_argv_carries_the_serving_fields(sparks: list[Node]) -> None:
     assert flag_value(argv, "--safetensors-load-strategy") == "eager"
     assert flag_value(argv, "--moe-backend") == "cutlass"
     assert flag_value(argv, "--linear-backend") == "marlin"
-    assert argv[-2:] == ["--max-num-seqs", "2"]
+    # the customer's extra arguments, then what the lab adds for the catalog's model
+    assert argv[-3:] == ["--max-num-seqs", "2", "--trust-remote-code"]
 
 
 def test_vllm_defaults_are_left_to_the_engine(sparks: list[Node]) -> None:
@@ -101,9 +103,9 @@ def test_vllm_defaults_are_left_to_the_engine(sparks: list[Node]) -> None:
 
 def test_vllm_speculative_config_is_vllms_json(sparks: list[Node]) -> None:
     argv = render(REFERENCE, sparks)[0]["argv"]
+    # the draft by the lab's path: nodes run offline, where a hub id does not load
     assert json.loads(flag_value(argv, "--speculative-config")) == {
-        "method": "eagle3", "model": "AQ-MedAI/Kimi-K2-Instruct-eagle3",
-        "num_speculative_tokens": 4}
+        "method": "eagle3", "model": "/models/kimi-k2-eagle3", "num_speculative_tokens": 4}
     ngram = normalize_config({"speculative": {"method": "ngram", "num_speculative_tokens": 3,
                                               "prompt_lookup_max": 4, "prompt_lookup_min": 2}})
     argv = render(ngram, sparks)[0]["argv"]
@@ -119,7 +121,7 @@ def test_sglang_argv_uses_sglangs_flags(sparks: list[Node]) -> None:
     argv = render(config, sparks)[1]["argv"]
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     assert flag_value(argv, "--model-path") == "/models/kimi-k2"
-    assert flag_value(argv, "--tp") == "8"
+    assert flag_value(argv, "--tp-size") == "8"
     assert flag_value(argv, "--pp-size") == "1"
     assert flag_value(argv, "--ep-size") == "8"
     assert flag_value(argv, "--nnodes") == "8"
@@ -131,11 +133,54 @@ def test_sglang_argv_uses_sglangs_flags(sparks: list[Node]) -> None:
     assert "--disable-cuda-graph" in argv
     assert flag_value(argv, "--moe-runner-backend") == "flashinfer_cutlass"
     assert flag_value(argv, "--speculative-algorithm") == "EAGLE3"
-    assert flag_value(argv, "--speculative-draft-model-path") == "AQ-MedAI/Kimi-K2-Instruct-eagle3"
+    assert flag_value(argv, "--speculative-draft-model-path") == "/models/kimi-k2-eagle3"
     assert flag_value(argv, "--speculative-num-steps") == "4"
     assert flag_value(argv, "--speculative-eagle-topk") == "1"
     assert flag_value(argv, "--speculative-num-draft-tokens") == "5"
     assert "--headless" not in argv
+    assert argv[-2:] == ["--trust-remote-code", "--enable-metrics"]
+
+
+def test_sglang_always_renders_enable_metrics_once(sparks: list[Node]) -> None:
+    for version in ("0.5.12", "0.5.23"):
+        config = normalize_config({"engine": {"name": "sglang", "version": version},
+                                   "extra_args": ["--enable-metrics"]})
+        (spec,) = render(config, sparks[:1])
+        assert spec["argv"].count("--enable-metrics") == 1
+
+
+def test_remote_code_is_rendered_only_where_the_catalog_says_so(sparks: list[Node]) -> None:
+    plain = Catalog(version="t", models_dir="/models", models=(
+        CatalogModel(id="org/plain", path="/models/plain", remote_code=False, drafts=()),))
+    config = normalize_config({"model": {"id": "org/plain", "path": "/models/plain"}},
+                              catalog=plain)
+    (spec,) = render(config, sparks[:1], catalog=plain)
+    assert "--trust-remote-code" not in spec["argv"]
+    (spec,) = render(normalize_config({}), sparks[:1])
+    assert spec["argv"].count("--trust-remote-code") == 1
+
+
+@pytest.mark.parametrize(("engine", "version", "absent", "words"), [
+    # 0.5.23 has no --cuda-graph-max-bs: argparse reads it as an abbreviation of two others
+    ("sglang", "0.5.23", "--cuda-graph-max-bs",
+     "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
+     "--cuda-graph-max-bs-prefill"),
+    ("sglang", "0.5.12", "--speculative-ngram-max-match-window-size",
+     "unrecognized arguments: --speculative-ngram-max-match-window-size 8"),
+    ("vllm", "0.34.0", "--swap-space", "unrecognized arguments: --swap-space 8"),
+])
+def test_render_refuses_what_the_version_does_not_have(sparks: list[Node], engine: str,
+                                                       version: str, absent: str,
+                                                       words: str) -> None:
+    with pytest.raises(ConfigError, match="extra_args") as info:
+        render({"engine": {"name": engine, "version": version}, "extra_args": [absent, "8"]},
+               sparks[:1])
+    assert words in str(info.value)
+    # 0.5.12 still has --cuda-graph-max-bs
+    if absent == "--cuda-graph-max-bs":
+        config = normalize_config({"engine": {"name": engine, "version": "0.5.12"},
+                                   "extra_args": [absent, "8"]})
+        assert render(config, sparks[:1])[0]["argv"][-4:-2] == [absent, "8"]
 
 
 def test_sglang_brackets_an_ipv6_rendezvous_address() -> None:

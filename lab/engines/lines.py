@@ -1,0 +1,121 @@
+"""Log lines as a release writes them, from the format strings its table quotes.
+
+A table's `lines[<key>]["found"]` holds the format strings in the package that write a
+line the platform reads: printf style for the logging calls (`"Loading weights took %.2f
+seconds"`) and f-string style for the rest (`"Load weight end. elapsed={elapsed:.2f} s,
+..."`, whose fields are Python expressions). `fill(text, args, fields)` writes one line:
+the printf placeholders take `args` in order, each `{expression[:spec]}` takes
+`fields[expression]` (formatted with its spec). `formats(engine, version, key)` lists a
+release's format strings for a key. The simulated engine and the tests build their lines
+with these, so the lines are the release's, with only the values the lab's own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from lab.engines import tables
+
+_PRINTF = re.compile(r"%(?P<spec>[-+ #0]*\d*(?:\.\d+)?[sdfirx%])")
+
+
+def formats(engine: str, version: str, key: str) -> tuple[str, ...]:
+    """The format strings `engine` `version` writes its `key` line with (() when none)."""
+    entry = tables.release(engine, version)["lines"].get(key) or {}
+    return tuple(found["text"] for found in entry.get("found") or ())
+
+
+def _brace_fields(text: str) -> Iterable[tuple[int, int, str, str]]:
+    """(start, end, expression, spec) of each `{...}` field of an f-string's text; `{{` and
+    `}}` are literal braces."""
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "{" and text.startswith("{{", i):
+            i += 2
+            continue
+        if c != "{":
+            i += 1
+            continue
+        depth, j, quote = 0, i, ""
+        while j < len(text):
+            ch = text[j]
+            if quote:
+                if ch == quote:
+                    quote = ""
+            elif ch in "'\"":
+                quote = ch
+            elif ch in "{[(":
+                depth += 1
+            elif ch in "}])":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        body = text[i + 1:j]
+        if body.startswith("%"):
+            i += 1  # a printf string's literal brace ("cuda_graph={%s}")
+            continue
+        expr, spec = _split_spec(body)
+        yield i, j + 1, expr, spec
+        i = j + 1
+
+
+def _split_spec(body: str) -> tuple[str, str]:
+    """`expr:spec` -> (expr, spec), a colon inside brackets, parentheses or quotes not
+    counting."""
+    depth, quote = 0, ""
+    for k, ch in enumerate(body):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        elif ch == ":" and depth == 0 and not body[k:].startswith(":="):
+            return body[:k].strip(), body[k + 1:]
+        elif ch == "!" and depth == 0 and body[k + 1:k + 2] in ("r", "s", "a"):
+            return body[:k].strip(), body[k + 3:]
+    return body.strip(), ""
+
+
+def placeholders(text: str) -> tuple[list[str], list[str]]:
+    """(the printf conversions in order, the f-string expressions in order) of `text`."""
+    printf = [m["spec"] for m in _PRINTF.finditer(text) if m["spec"] != "%"]
+    braces = [expr for _, _, expr, _ in _brace_fields(text)]
+    return printf, braces
+
+
+def fill(text: str, args: Sequence[Any] = (), fields: Mapping[str, Any] | None = None) -> str:
+    """`text` with its printf placeholders filled from `args` (in order) and its `{expr}`
+    fields from `fields` (by the expression's text; an empty expression takes the next of
+    `args`). KeyError or IndexError when a value is missing."""
+    fields = fields or {}
+    queue = list(args)
+
+    def printf(m: re.Match[str]) -> str:
+        if m["spec"] == "%":
+            return "%"
+        return ("%" + m["spec"]) % queue.pop(0)
+
+    def literal(part: str) -> str:
+        out = _PRINTF.sub(printf, part)
+        return out if braced_printf else out.replace("{{", "{").replace("}}", "}")
+
+    braced_printf = any(m["spec"] != "%" for m in _PRINTF.finditer(text)) and \
+        not any(True for _ in _brace_fields(text))
+
+    pieces: list[str] = []
+    last = 0
+    for start, end, expr, spec in _brace_fields(text):
+        pieces.append(literal(text[last:start]))
+        value = queue.pop(0) if expr == "" else fields[expr]
+        pieces.append(format(value, spec))
+        last = end
+    pieces.append(literal(text[last:]))
+    return "".join(pieces)

@@ -1,13 +1,25 @@
 """The simulated inference engine on a node: its cold start, its log, and its end.
 
 A launch (the `launch` agent verb) becomes an `EngineProcess`: a background thread that
-walks LAB_MODEL.md section 5's phases on the lab clock -- process start, weights load,
-distributed init (every rank waits for the slowest at the rendezvous), kernel JIT, KV
-cache allocation, graph capture, API ready -- writing the engine's log lines in vLLM's
-(or SGLang's) own formats with lab-time stamps, and recording on the node what each
-phase does to the node's hardware (lab/sim/hardware.py), from which the node synthesizes
-telemetry. On the head node the API phase ends by starting the serving engine
-(lab/sim/http.py). The engine sees its node only through `EngineHost`.
+runs the release installed on the node (the scenario's `engine.version`) the way that
+release does. It learns what it was started with from `lab.engines.parse_launch` with
+that version's flag table, and refuses what the version refuses as argparse does (usage
+line, `<prog>: error: ...`, exit 2 within seconds, nothing loaded). Then it walks
+LAB_MODEL.md section 5's phases in the engines' real order on the lab clock -- process
+start, distributed init (every rank waits for the slowest at the rendezvous), model
+init (FP4 kernels chosen and logged), weights load, compile and kernel JIT, KV cache
+allocation (the ranks meet again), graph capture, API ready -- writing the version's own
+log lines (lab/sim/release.py: every engine line is a format string from the release's
+table, filled) with lab-time stamps, and recording on the node what each phase does to
+its hardware (lab/sim/hardware.py), from which the node synthesizes telemetry. On the
+head node the API phase ends by starting the serving engine (lab/sim/http.py). The
+engine sees its node only through `EngineHost`.
+
+Refusals a real lab makes (LAB_MODEL.md section 9) are made here too, at the end of
+process start and before any weight is read: a model, draft or tokenizer named by a hub
+id on an offline node, and a model that ships its own code started without
+`--trust-remote-code`. A FP4 backend the version accepts but that cannot run on sm_121
+(`truth.fp4.unsupported`) ends the process at model init with the engine's error.
 
 Every duration follows from the scenario and the parsed launch alone, so a cold start
 is deterministic given the scenario and seed; only the wall clock's scheduling jitters.
@@ -22,16 +34,20 @@ import math
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lab.agent.agent import ENGINE_ENV_FIXED
 from lab.clock import LabClock
 from lab.sim import logfmt
-from lab.sim.hardware import NodeHardware
+from lab.sim.hardware import NodeHardware, node_ipv4
+from lab.sim.release import Line, Release
 from lab.sim.scenario import Scenario
 
 if TYPE_CHECKING:
+    from lab.engines import ParsedLaunch
     from lab.sim.http import ServingEngine
     from lab.sim.node import NodePaths
 
@@ -39,28 +55,62 @@ SHARDS = 64
 GIB = 1024**3
 # Seconds of a rendezvous wait after which torch.distributed gives up (its store timeout).
 RENDEZVOUS_TIMEOUT_S = 1800.0
-# The late node's NCCL bootstrap retries print a warning this often (lab seconds).
-BOOTSTRAP_RETRY_EVERY_S = 20.0
+# NCCL's socket connect retries (NCCL_SOCKET_RETRY_CNT, NCCL_SOCKET_RETRY_SLEEP_MSEC
+# defaults): retry n sleeps n x 100 ms, so 34 retries span about a minute.
+NCCL_RETRY_COUNT = 34
+NCCL_RETRY_SLEEP_MS = 100
+# What the simulated nodes' NCCL reports about itself (NCCL's own lines, not an engine's).
+NCCL_VERSION = "2.27.7+cuda13.0"
+CUDA_DRIVER_VERSION = 13000
 # An mmap loader's progress comes in page-fault storms roughly this far apart (lab s).
 MMAP_BURST_EVERY_S = 55.0
+MODEL_INIT_S = 2.0  # LAB_MODEL.md section 5: model init, kernel backends chosen
+ARGPARSE_EXIT_S = 3.0  # imports, then argparse refuses
 ACTIVATION_PEAK_GIB = 2.3  # what KV profiling finds the forward pass needs
 GRAPH_POOL_GIB = 0.52
 # The kv_budget fault leaves the KV cache this share of what one request of the model's
 # native context needs: a fixed amount of memory on that lab, so a shorter max_model_len fits.
 KV_BUDGET_FRACTION = 0.4
 
-# FP4 backend names as the engine spells them in its log.
-BACKEND_LOG_NAMES = {
-    "flashinfer_cutlass": "FlashInferCutlass",
-    "flashinfer_trtllm": "FlashInferTrtllm",
-    "cutlass": "Cutlass",
-    "marlin": "Marlin",
-    "triton": "Triton",
+# The flags that choose the NVFP4 kernels, per engine: (MoE, linear / GEMM).
+FP4_FLAGS = {"vllm": ("--moe-backend", "--linear-backend"),
+             "sglang": ("--moe-runner-backend", "--fp4-gemm-backend")}
+# vLLM's NvFp4MoeBackend values for its --moe-backend choices (oracle/nvfp4.py's mapping;
+# the rest upper-cased), and the order its oracle tries them on sm_12x.
+VLLM_MOE_VALUES = {"cutlass": "VLLM_CUTLASS"}
+VLLM_MOE_CANDIDATES = ("flashinfer_cutlass", "cutlass", "flashinfer_b12x", "b12x", "marlin")
+# vLLM's NVFP4 linear kernel classes (kernels/linear/nvfp4/), by --linear-backend choice.
+VLLM_LINEAR_KERNELS = {
+    "cutlass": "CutlassNvFp4LinearKernel",
+    "flashinfer_cutlass": "FlashInferCutlassNvFp4LinearKernel",
+    "flashinfer_trtllm": "FlashInferTrtllmNvFp4LinearKernel",
+    "flashinfer_cudnn": "FlashInferCudnnNvFp4LinearKernel",
+    "flashinfer_cutedsl": "FlashInferCuteDslNvFp4LinearKernel",
+    "flashinfer_b12x": "FlashInferB12xNvFp4LinearKernel",
+    "b12x": "B12xNvFp4LinearKernel",
+    "marlin": "MarlinNvFp4LinearKernel",
+    "emulation": "EmulationNvFp4LinearKernel",
 }
+# Where the engines' Python lives on a node (traceback frames name these files).
+SITE = "/usr/local/lib/python3.12/dist-packages"
+# huggingface_hub's error when a repo id has no local snapshot and HF_HUB_OFFLINE=1
+# (huggingface_hub/_snapshot_download.py); the engines let it through as is.
+HUB_OFFLINE_ERROR = (
+    "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached snapshot "
+    "folder for the specified revision on the local disk and outgoing traffic has been disabled. "
+    "To enable repo look-ups and downloads online, pass 'local_files_only=False' as input.")
 
 
 class EngineStopped(Exception):
     """The process was terminated while it waited; unwinds its timeline thread."""
+
+
+class EngineFailed(Exception):
+    """The engine ends with an error: the lines it writes, then its exit code."""
+
+    def __init__(self, code: int = 1) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 # -- what the launch asks for -------------------------------------------------------------
@@ -76,27 +126,42 @@ def loader_for(config: dict[str, Any]) -> str:
     return "mmap"
 
 
-def fp4_backend_for(config: dict[str, Any], env: dict[str, str], default: str) -> str:
-    """LAB_MODEL.md section 6: flags, then VLLM_NVFP4_GEMM_BACKEND, then
-    VLLM_USE_FLASHINFER_MOE_FP4 ('1' flashinfer_cutlass, '0' cutlass), then the default."""
-    serving = config.get("serving", {})
-    for flag in ("moe_backend", "linear_backend"):
-        value = serving.get(flag)
-        if isinstance(value, str) and value and value != "auto":
-            return value
-    chosen = env.get("VLLM_NVFP4_GEMM_BACKEND")
-    if chosen:
-        return chosen
-    use_flashinfer = env.get("VLLM_USE_FLASHINFER_MOE_FP4")
-    if use_flashinfer == "1":
-        return "flashinfer_cutlass"
-    if use_flashinfer == "0":
-        return "cutlass"
-    return default
+@dataclass(frozen=True)
+class Fp4Choice:
+    """The NVFP4 kernels a launch runs with: what each flag asked for ("" = the version's
+    default rule), what runs, and the backend whose truth (speed, broken) applies."""
+
+    moe: str
+    linear: str
+    default: str
+
+    @property
+    def moe_running(self) -> str:
+        return self.moe or self.default
+
+    @property
+    def linear_running(self) -> str:
+        return self.linear or self.default
+
+    @property
+    def backend(self) -> str:
+        """The MoE override first (the experts are most of the weights), then the linear
+        one, then the default rule's pick."""
+        return self.moe or self.linear or self.default
 
 
-def backend_log_name(backend: str) -> str:
-    return BACKEND_LOG_NAMES.get(backend, "".join(p.capitalize() for p in backend.split("_")))
+def fp4_choice(release: Release, argv: Sequence[str], default: str) -> Fp4Choice:
+    """LAB_MODEL.md section 6: the FP4 backends come from the flags alone (environment
+    variables choose nothing), by the version's default rule where a flag is absent or
+    `auto`. vLLM lower-cases a choice and turns `-` into `_` (its flags' type)."""
+    picked = []
+    for option in FP4_FLAGS[release.engine]:
+        _, value = release.option(argv, option)
+        value = value or ""
+        if release.engine == "vllm":
+            value = value.lower().replace("-", "_")
+        picked.append("" if value in ("", "auto") else value)
+    return Fp4Choice(picked[0], picked[1], default)
 
 
 def backend_state(backend: str, fp4: dict[str, Any]) -> str:
@@ -115,6 +180,11 @@ def load_seconds(weights_gb: float, cached_gb: float, read_gbs: float, page_cach
     """What is still in page cache reads at page-cache speed, the rest at the loader's."""
     cached = min(cached_gb, weights_gb)
     return cached / page_cache_gbs + (weights_gb - cached) / read_gbs
+
+
+def is_hub_id(name: str) -> bool:
+    """A name the engine resolves through the hub (an `org/name` id), not a local path."""
+    return not name.startswith(("/", "./", "../", "~"))
 
 
 # -- the rendezvous ----------------------------------------------------------------------
@@ -167,7 +237,7 @@ class RendezvousGroup:
 
     def env_ok(self) -> bool:
         """Every rank's NCCL variables name the interfaces the data path needs."""
-        return all(env_meets(m.env, self.needs) for m in self.members.values())
+        return all(env_meets(m.process_env, self.needs) for m in self.members.values())
 
     def arrive(self, name: str, member: EngineProcess, t: float, *, stall_if_env_wrong: bool) -> _Barrier:
         """Wait (on the lab clock) until every rank reached barrier `name`; its release time."""
@@ -218,8 +288,6 @@ class RendezvousHub:
 
 
 # -- the process --------------------------------------------------------------------------
-
-
 class EngineHost(Protocol):
     """The parts of a node (`lab.sim.node.SimNode`) an engine process runs on: its name,
     scenario and clock, the rendezvous of its lab, its files, and its hardware timeline."""
@@ -263,11 +331,15 @@ class EngineProcess:
         self.pid = pid
         self.spec = spec
         self.spec_sha256 = spec_sha256  # of the spec file the agent read, as `status` reports
+        # The launch spec's env (what the platform set), and the process's whole environment
+        # as the agent builds it: its fixed offline variables, then the spec's.
         self.env: dict[str, str] = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+        self.process_env: dict[str, str] = {**ENGINE_ENV_FIXED, **self.env}
         self.log_path = log_path
         self.started = started
         self.rank = 0
         self.engine = str(spec.get("engine", "vllm"))
+        self.release: Release | None = None
         self.exit_code: int | None = None
         self.ready_at: float | None = None
         self.phases: list[Phase] = []
@@ -280,7 +352,7 @@ class EngineProcess:
         self._crash_lines: list[str] | None = None
         self._pending_exit = -15
         self.kv_tokens: int | None = None
-        self._master = "127.0.0.1:29500"
+        self._api_server = False
         # Like the real agent, each launch has its own log file (the node moved the previous
         # launch's aside before starting this one).
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -317,11 +389,13 @@ class EngineProcess:
             code = self._pending_exit
             if self._crash_lines:
                 self.write_raw(self._crash_lines)
+        except EngineFailed as exc:
+            code = exc.code
         except TimeoutError as exc:
-            self._error_traceback("RuntimeError", str(exc), phase="distributed init")
+            self._fail_in_core("RuntimeError", str(exc), frames=_DIST_FRAMES, code=None)
             code = 1
         except Exception as exc:  # the simulator's own bug: still end like a process would
-            self._error_traceback(type(exc).__name__, str(exc), phase="startup")
+            self.write_raw(logfmt.python_traceback([], f"{type(exc).__name__}: {exc}"))
             code = 1
         self._exit(code)
 
@@ -346,33 +420,68 @@ class EngineProcess:
         """Lab time t as the node's clock reads it: what the log's timestamps show."""
         return self.node.hardware.node_time(t)
 
-    def info(self, t: float, source: str, message: str, level: str = "INFO") -> None:
-        t = self.stamp(t)
+    @property
+    def rel(self) -> Release:
+        assert self.release is not None, "the release is known once the argv is parsed"
+        return self.release
+
+    def log(self, t: float, line: Line, message: str, level: str = "INFO", *,
+            scheduler: bool = True) -> None:
+        """One engine log line: `message` is `line` (a format string of the release)
+        filled. vLLM's prefix names the line's file and line number; SGLang's names the
+        scheduler's TP rank (`scheduler=False` for the HTTP server's own lines)."""
+        self.write_raw([self._format(self.stamp(t), line.source, message, level, scheduler)])
+
+    def _format(self, stamp: float, source: str, message: str, level: str, scheduler: bool) -> str:
         if self.engine == "sglang":
-            self.write_raw([logfmt.sglang(t, message, tp_rank=self.rank if source != "-" else None)])
-        else:
-            self.write_raw([logfmt.vllm(level, t, source, message)])
+            return logfmt.sglang(stamp, message, tp_rank=self.rank if scheduler else None)
+        return logfmt.vllm(level, stamp, source, message)
 
-    def serving_log(self, message: str) -> None:
-        """The serving engine's lines (stats, spec-decode metrics), stamped now."""
-        self.info(self.clock.now(), "loggers.py:123", message)
+    def serving_log(self, line: Line, message: str) -> None:
+        """The serving engine's lines (stats, spec-decode metrics, batches), stamped now."""
+        self.log(self.clock.now(), line, message)
 
-    def _error_traceback(self, exc_type: str, message: str, *, phase: str) -> None:
+    def nccl(self, level: str, message: str) -> None:
+        """NCCL's own line (`host:pid:tid [dev] NCCL INFO ...`), written only when the
+        engine's environment asks NCCL for it (NCCL_DEBUG), as the library does."""
+        wanted = self.process_env.get("NCCL_DEBUG", "").upper()
+        shown = {"INFO": ("INFO", "WARN"), "TRACE": ("INFO", "WARN"), "WARN": ("WARN",)}
+        if level in shown.get(wanted, ()):
+            self.write_raw([logfmt.nccl(self.node.name, self.pid, f"NCCL {level} {message}")])
+
+    # -- failing -------------------------------------------------------------------------------
+    def _fail_in_core(self, exc_type: str, message: str, *, frames: list[tuple[str, int, str, str]],
+                      code: int | None = 1) -> None:
+        """An error in the engine's core (model init, KV allocation, the rendezvous):
+        vLLM's EngineCore logs the traceback at ERROR, then its API server's traceback
+        points above (the table's engine_core_failed line); SGLang's scheduler logs it,
+        then its launcher notices the child died (the table's child_failed line).
+        Raises EngineFailed(code) unless code is None."""
         t = self.stamp(self.clock.now())
-        frames = [
-            ("/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", 691, "run_engine_core",
-             "engine_core = EngineCoreProc(*args, **kwargs)"),
-            ("/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", 83, "__init__",
-             "self._initialize_kv_caches(vllm_config)"),
-        ]
         body = logfmt.python_traceback(frames, f"{exc_type}: {message}")
         if self.engine == "sglang":
-            lines = [logfmt.sglang(t, f"Scheduler hit an exception during {phase}:", tp_rank=self.rank)]
-            lines += body
+            # sglang/srt/managers/scheduler.py: logger.error(f"Scheduler hit an exception: {traceback}")
+            lines = [logfmt.sglang(t, f"Scheduler hit an exception: {body[0]}", tp_rank=self.rank),
+                     *body[1:]]
+            child = self.rel.line("child_failed")
+            lines.append(logfmt.sglang(t, child.text))
         else:
-            lines = [logfmt.vllm("ERROR", t, "core.py:708", f"EngineCore failed to start during {phase}.")]
-            lines += [logfmt.vllm("ERROR", t, "core.py:708", line) for line in body]
+            # vllm/v1/engine/core.py: logger.exception("EngineCore failed to start.")
+            source = f"core.py:{_VLLM_CORE_LINE}"
+            lines = [logfmt.vllm("ERROR", t, source, "EngineCore failed to start.")]
+            lines += [logfmt.vllm("ERROR", t, source, line) for line in body]
+            if self._api_server:
+                failed = self.rel.line("engine_core_failed").fmt(finished={"EngineCore_DP0": 1})
+                lines += logfmt.python_traceback(_VLLM_API_FRAMES, f"RuntimeError: {failed}")
         self.write_raw(lines)
+        if code is not None:
+            raise EngineFailed(code)
+
+    def _fail_at_startup(self, exception_line: str, frames: list[tuple[str, int, str, str]]) -> None:
+        """An error while the process builds its configuration or tokenizer (before any
+        rank meets another): a plain Python traceback, exit 1."""
+        self.write_raw(logfmt.python_traceback(frames, exception_line))
+        raise EngineFailed(1)
 
     # -- waiting on the lab clock -------------------------------------------------------------
     def at(self, t: float) -> None:
@@ -396,49 +505,79 @@ class EngineProcess:
             self.node.hardware.record_activity(start, end, activity or name, params)
         return phase
 
+    # -- the launch ------------------------------------------------------------------------------
+    def _parse(self, argv: list[str]) -> ParsedLaunch | None:
+        """The launch as the installed release reads it; None (after writing argparse's
+        refusal and waiting out the imports) when the release refuses it."""
+        from lab.engines import ENGINES, EngineArgError, parse_launch
+
+        detected = next((name for name, e in ENGINES.items() if e.invocation(argv) is not None), None)
+        if detected is not None:
+            self.engine = detected
+        installed = self.node.engine_versions().get(self.engine)
+        if installed is None:
+            # python3 -m <module> with the module not installed
+            self.write_raw([f"/usr/bin/python3: No module named {self.engine}"])
+            raise EngineFailed(1)
+        self.release = Release(self.engine, installed)
+        try:
+            try:
+                return parse_launch(argv, dict(self.env), version=installed)
+            except TypeError:
+                # lab.engines before its `version=` keyword: it parses with its default version.
+                return parse_launch(argv, dict(self.env))
+        except EngineArgError as exc:
+            self.at(self.started + ARGPARSE_EXIT_S)
+            self.write_raw(self._argparse_lines(exc))
+            return None
+
+    def _argparse_lines(self, exc: Exception) -> list[str]:
+        """What argparse prints before exit 2: its usage line, then `<prog>: error: ...`."""
+        text = str(exc).strip()
+        if text.startswith("usage:"):
+            return text.splitlines()
+        prog = getattr(exc, "prog", None) or self.rel.table.get("prog") or self.engine
+        usage = self.rel.table.get("usage") or f"{prog} [-h] [options]"
+        message = getattr(exc, "message", None) or text
+        return [f"usage: {usage}", f"{prog}: error: {message}"]
+
     # -- the cold start -----------------------------------------------------------------------
     def _timeline(self) -> int:
-        from lab.engines import EngineArgError, parse_launch
-
         scenario = self.node.scenario
         load = scenario.truth["load"]
-        t = self.started
-        try:
-            parsed = parse_launch(list(self.spec.get("argv") or []), dict(self.env))
-        except EngineArgError as exc:
-            return self._usage_error(t, exc)
+        argv = [str(a) for a in self.spec.get("argv") or []]
+        parsed = self._parse(argv)
+        if parsed is None:
+            return 2
         config = parsed.config
-        self.engine = parsed.engine
+        config["engine"] = {**config.get("engine", {}), "name": self.engine, "version": self.rel.version}
         self.rank = int(parsed.node_rank or 0)
         nnodes = max(1, int(parsed.nnodes or 1))
         parallel = config.get("parallel", {})
         # The checkpoint is split across every rank of the layout (tp x pp nodes).
         nodes_used = max(1, int(parallel.get("tp", 1)) * int(parallel.get("pp", 1)))
         serving = config.get("serving", {})
-        installed = self.node.engine_versions().get(self.engine)
-        if installed is None:
-            self.write_raw([f"/usr/bin/python3: No module named {self.engine}"])
-            return 1
+        self._api_server = not parsed.headless and self.rank == 0
+        fp4 = fp4_choice(self.rel, argv, scenario.truth["fp4"]["default_backend"])
+        t = self.started
 
-        # 1. process start, imports
-        self._hello(t, parsed, installed)
+        # 1. process start, imports; the configuration and tokenizer are read at its end
+        for name in self.rel.unknown_vllm_env(self.env):
+            self.log(t, self.rel.line("unknown_env_warning", contains="%s"),
+                     self.rel.line("unknown_env_warning", contains="%s").pct(name), "WARNING")
         proc_end = t + load["proc_start_s"]
         self._phase("process_start", t, proc_end)
-        self.at(proc_end - 1.2)
-        backend = fp4_backend_for(config, self.env, scenario.truth["fp4"]["default_backend"])
-        if backend not in scenario.truth["fp4"]["speed"]:
-            self.at(proc_end)
-            known = ", ".join(sorted(scenario.truth["fp4"]["speed"]))
-            self._error_traceback("ValueError", f"Unknown NVFP4 backend {backend!r}; supported: {known}",
-                                  phase="model construction")
-            return 1
-        self._log_backend(proc_end - 1.2, backend)
-        self.info(proc_end - 1.2, "gpu_model_runner.py:2602",
-                  f"Starting to load model {self._model_path(config)}...")
         self.at(proc_end)
+        self._check_loadable(argv, config)
         t = proc_end
 
-        # 2. weights load
+        # 2. distributed init: every rank waits for the slowest at the rendezvous
+        t = self._distributed_init(t, parsed, nnodes)
+
+        # 3. model init: the FP4 kernels are chosen (and, by vLLM, logged)
+        t = self._model_init(t, fp4)
+
+        # 4. weights load
         t = self._load_weights(t, config, nodes_used)
         for fault in scenario.faults("silent_hang_s"):
             # A post-load step that logs nothing and keeps one core busy (none of section
@@ -448,13 +587,10 @@ class EngineProcess:
             self.at(hang_end)
             t = hang_end
 
-        # 3. distributed init, everyone waits for the slowest
-        t = self._distributed_init(t, parsed, nnodes)
+        # 5. compile and kernel JIT
+        t = self._jit(t, fp4.backend)
 
-        # 4. kernel JIT
-        t = self._jit(t, config, backend)
-
-        # 5. KV profiling and cache allocation (a collective: the ranks meet again)
+        # 6. KV profiling and cache allocation (a collective: the ranks meet again)
         if self.group is not None:
             self.node.hardware.record_activity(t, math.inf, "wait", {})
             released = self.group.arrive("kv", self, t, stall_if_env_wrong=False).release
@@ -468,37 +604,28 @@ class EngineProcess:
         self.at(kv_end)
         weights_gib = weights_per_node_gb(scenario.model, nodes_used) * 1e9 / GIB
         kv_gib = self._kv_report(kv_end, serving, weights_gib)
-        if kv_gib is None:
-            return 1
         self.node.hardware.engine_memory(kv_end, weights_gib + kv_gib)
         t = kv_end
-        is_api_server = not parsed.headless and self.rank == 0
         port = int(parsed.port or 8000)
         # Build the API server (tokenizer, text model) while the graphs are captured, so its
         # wall-clock set-up cost is not multiplied by the dilation into a longer cold start.
-        server = self._serving_engine(config, backend, port) if is_api_server else None
+        server = self._serving_engine(config, argv, fp4.backend, port) if self._api_server else None
 
-        # 6. graph capture (none with --enforce-eager)
+        # 7. graph capture (none with --enforce-eager)
         capture_s = 0.0 if serving.get("enforce_eager") else load["graph_capture_s"]
         if capture_s > 0:
             self._phase("graph_capture", t, t + capture_s)
-            if self.engine == "sglang":
-                self.info(t, "-", "Capture cuda graph begin. This can take up to several minutes.")
             self.at(t + capture_s)
             t += capture_s
-            if self.engine == "sglang":
-                self.info(t, "-", f"Capture cuda graph end. Time elapsed: {capture_s:.2f} s. "
-                          f"mem usage={GRAPH_POOL_GIB:.2f} GB.")
-            else:
-                self.info(t, "gpu_model_runner.py:3480",
-                          f"Graph capturing finished in {capture_s:.0f} secs, took {GRAPH_POOL_GIB:.2f} GiB")
+            self._graphs_captured(t, capture_s, config, weights_gib + kv_gib)
         jit_phase = next(p for p in self.phases if p.name == "jit")
-        if self.engine != "sglang":
-            init_s = t - jit_phase.start
-            self.info(t, "core.py:210",
-                      f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds")
+        if self.engine == "vllm":
+            line = next(x for x in self.rel.lines("engine_init") if x.text.endswith("(compilation: %.2f s)"))
+            self.log(t, line, line.pct(t - jit_phase.start, jit_phase.seconds))
+        else:
+            self._sglang_pool_line(t, config, weights_gib + kv_gib)
 
-        # 7. API ready (the head serves; workers wait for work)
+        # 8. API ready (the head serves; workers wait for work)
         if server is None:
             self._phase("ready", t, math.inf, "serving")
             self.ready_at = t
@@ -511,16 +638,11 @@ class EngineProcess:
             server.start()
             self.server = server
         except OSError as exc:
-            self._error_traceback("OSError", f"[Errno 98] error while attempting to bind on address "
-                                  f"('0.0.0.0', {port}): {exc}", phase="API server start")
-            return 1
+            self._fail_at_startup(f"OSError: [Errno 98] error while attempting to bind on address "
+                                  f"('0.0.0.0', {port}): {exc}", _VLLM_API_FRAMES[:1])
         self.ready_at = api_end
         self._phase("serving", api_end, math.inf)
-        if self.engine == "sglang":
-            self.info(api_end, "-", f"Uvicorn running on http://0.0.0.0:{port} (Press CTRL+C to quit)")
-            self.info(api_end, "-", "The server is fired up and ready to roll!")
-        else:
-            self.info(api_end, "api_server.py:1971", f"Starting vLLM API server 0 on http://0.0.0.0:{port}")
+        self._ready_lines(api_end, port, config)
 
         crash = scenario.faults("engine_crash_after_s")
         if crash:
@@ -531,39 +653,168 @@ class EngineProcess:
         self.at(math.inf)
         return 0
 
-    # -- phases -------------------------------------------------------------------------------
+    # -- 1. what the process reads before it meets anyone ---------------------------------------
     def _model_path(self, config: dict[str, Any]) -> str:
         return str(config.get("model", {}).get("path") or self.node.paths.model_dir)
 
-    def _hello(self, t: float, parsed: Any, version: str) -> None:
-        config = parsed.config
-        par = config.get("parallel", {})
-        if self.engine == "sglang":
-            self.info(t, "-", f"server_args=ServerArgs(model_path='{self._model_path(config)}', "
-                      f"tp_size={par.get('tp', 1)}, pp_size={par.get('pp', 1)}, nnodes={parsed.nnodes}, "
-                      f"node_rank={parsed.node_rank}, port={parsed.port})")
-            return
-        self.info(t, "__init__.py:216", "Automatically detected platform cuda.")
-        if parsed.headless or self.rank != 0:
-            self.info(t, "api_server.py:1650", f"Launching vLLM {version} engine in headless mode "
-                      f"(node rank {self.rank} of {parsed.nnodes})")
-            return
-        self.info(t, "api_server.py:1885", f"vLLM API server version {version}")
-        # Only what vLLM itself takes as arguments (jit_cache is the platform's notion).
-        args = {k: v for k, v in config.get("serving", {}).items()
-                if k != "jit_cache" and v not in (None, "auto", False, "lazy")}
-        self.info(t, "utils.py:328", f"non-default args: {{'model': '{self._model_path(config)}', "
-                  f"'tensor_parallel_size': {par.get('tp', 1)}, "
-                  f"'pipeline_parallel_size': {par.get('pp', 1)}, "
-                  + ", ".join(f"'{k}': {v!r}" for k, v in sorted(args.items())) + "}")
+    def _holds(self, name: str) -> bool:
+        """Whether `name` is a path on this node's disk: the scenario's model or one of its
+        drafts, or a directory present in the node's filesystem."""
+        model = self.node.scenario.model
+        held = {str(model.get("path", ""))} | {str(d["path"]) for d in model.get("drafts", [])}
+        if name.rstrip("/") in held:
+            return True
+        try:
+            return self.node.host_path(name).exists()
+        except ValueError:
+            return False
 
-    def _log_backend(self, t: float, backend: str) -> None:
-        if self.engine == "sglang":
-            self.info(t, "-", f"Using {backend} as MoE runner backend for NVFP4 "
-                      "(ModelOptNvFp4FusedMoEMethod)")
+    def _check_loadable(self, argv: list[str], config: dict[str, Any]) -> None:
+        """LAB_MODEL.md section 9: offline, a hub id resolves only to a local snapshot (the
+        lab keeps none: it addresses its copies by path); a model whose code ships with it
+        needs --trust-remote-code before its tokenizer loads."""
+        rel = self.rel
+        offline = self.process_env.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        model = self._model_path(config)
+        spec = config.get("speculative") or {}
+        draft = str(spec.get("draft_model") or "")
+        if self.engine == "vllm":
+            tokenizer = rel.option(argv, "--tokenizer")[1] or model
+            trust = rel.flag_on(argv, "--trust-remote-code")
         else:
-            self.info(t, "modelopt.py:1009", f"Using {backend_log_name(backend)} backend for NVFP4 MoE")
+            tokenizer = rel.option(argv, "--tokenizer-path")[1] or model
+            trust = rel.flag_on(argv, "--trust-remote-code")
+        for name, frames in ((model, _CONFIG_FRAMES[self.engine]), (draft, _CONFIG_FRAMES[self.engine]),
+                             (tokenizer, _TOKENIZER_FRAMES[self.engine])):
+            if name and is_hub_id(name) and not self._holds(name):
+                # Offline (the agent's HF_HUB_OFFLINE=1) the hub library fails at once;
+                # online, a lab node would still reach no hub: the same end, later.
+                if offline:
+                    self._fail_at_startup(HUB_OFFLINE_ERROR, frames)
+                self._fail_at_startup("OSError: We couldn't connect to 'https://huggingface.co' to load "
+                                      "the files, and couldn't find them in the cached files.", frames)
+        if self.node.scenario.model.get("remote_code") and not trust and tokenizer == model:
+            message = rel.line("trust_remote_code", startswith="Failed to load the tokenizer").text
+            self._fail_at_startup(f"RuntimeError: {message}", _TOKENIZER_FRAMES[self.engine])
 
+    # -- 2. the rendezvous ------------------------------------------------------------------------
+    def _interface(self) -> tuple[str, str]:
+        """The socket interface NCCL bootstraps on, and this node's address there: the one
+        NCCL_SOCKET_IFNAME names, else NCCL's own pick (the first data NIC)."""
+        nics = self.node.scenario.node["nics"]
+        names = [nics["mgmt"], *nics["data"]]
+        wanted = self.process_env.get("NCCL_SOCKET_IFNAME", "").lstrip("=^")
+        name = wanted.split(",")[0] if wanted else nics["data"][0]
+        index = names.index(name) if name in names else 1
+        node_index = self.node.scenario.node_names.index(self.node.name)
+        return name, node_ipv4(index, node_index).split("/")[0]
+
+    def _distributed_init(self, t: float, parsed: ParsedLaunch, nnodes: int) -> float:
+        load = self.node.scenario.truth["load"]
+        ifname, address = self._interface()
+        if "NCCL_SOCKET_IFNAME" in self.process_env:
+            chosen = self.process_env["NCCL_SOCKET_IFNAME"]
+            self.nccl("INFO", f"NCCL_SOCKET_IFNAME set by environment to {chosen}")
+        self.nccl("INFO", f"Bootstrap: Using {ifname}:{address}<0>")
+        self.nccl("INFO", f"cudaDriverVersion {CUDA_DRIVER_VERSION}")
+        self.nccl("INFO", f"NCCL version {NCCL_VERSION}")
+        release = t
+        if nnodes > 1:
+            key = (parsed.master_addr, parsed.master_port)
+            self.group = self.node.hub.join(self, key, nnodes)
+            # Whether this node is the one that comes late shows in its own traffic at once:
+            # its bootstrap retries over the management network while the others wait.
+            own_env_ok = env_meets(self.process_env, self.group.needs)
+            retrying = self.rank == self.group.late_rank and not own_env_ok
+            self.node.hardware.record_activity(t, math.inf, "rendezvous_wait", {"late": retrying})
+            barrier = self.group.arrive("init", self, t, stall_if_env_wrong=True)
+            assert barrier.release is not None
+            release = barrier.release
+            late = barrier.stalled and self.rank == self.group.late_rank
+            self._phase("rendezvous_wait", t, release, "rendezvous_wait", late=late)
+            if late:
+                self._bootstrap_retries(t, release)
+        self.at(release)
+        end = release + load["rendezvous_s"]
+        self._phase("distributed_init", release, end)
+        self.at(end)
+        hcas = self.process_env.get("NCCL_IB_HCA") or ",".join(
+            str(d["name"]) for d in self.node.hardware.rdma_facts())
+        devices = " ".join(f"[{i}]{d.strip().lstrip('=^')}:1/RoCE" for i, d in enumerate(hcas.split(",")))
+        self.nccl("INFO", f"NET/IB : Using {devices} [RO]; OOB {ifname}:{address}<0>")
+        return end
+
+    def _bootstrap_retries(self, t: float, release: float) -> None:
+        """The late node's NCCL bootstrap keeps failing to reach the root over the wrong
+        interface: NCCL's socket retry line (misc/socket.cc), retry n after n x 100 ms."""
+        _, address = self._interface()
+        root = ".".join([*address.split(".")[:3], "11"])  # the head's address on that subnet
+        mark = t
+        for attempt in range(1, NCCL_RETRY_COUNT + 1):
+            sleep_ms = attempt * NCCL_RETRY_SLEEP_MS
+            if mark >= release:
+                break
+            self.at(mark)
+            self.nccl("INFO", f"socketStartConnect: connect to {root}<{43000 + self.node.launch_count}> "
+                              f"returned Connection timed out, retrying ({attempt}/{NCCL_RETRY_COUNT}) "
+                              f"after sleep for {sleep_ms} msec")
+            mark += sleep_ms / 1000.0
+        self.at(release)
+
+    # -- 3. model init ----------------------------------------------------------------------------
+    def _model_init(self, t: float, fp4: Fp4Choice) -> float:
+        """The model is built and its NVFP4 kernels chosen (LAB_MODEL.md section 6). vLLM
+        logs its MoE choice and linear kernel; SGLang on GB10 logs no backend line. A
+        backend that cannot run NVFP4 here ends the process with the engine's error."""
+        end = t + MODEL_INIT_S
+        self._phase("model_init", t, end)
+        self.at(end)
+        unsupported = self.node.scenario.truth["fp4"]["unsupported"]
+        if self.engine == "vllm":
+            self._vllm_fp4_lines(end, fp4, unsupported)
+        elif fp4.moe_running in unsupported or fp4.linear_running in unsupported:
+            bad, flag = ((fp4.moe_running, "moe_runner_backend") if fp4.moe_running in unsupported
+                         else (fp4.linear_running, "fp4_gemm_runner_backend"))
+            # Not in the release tables: the kernels' own check, worded after SGLang's
+            # "(trtllm-gen MoE kernels are SM100-only)" override note.
+            self._fail_in_core("RuntimeError", f"{flag}={bad!r} cannot run NVFP4 on this device "
+                               "(compute capability 12.1): its kernels are built for SM100 only",
+                               frames=_SGLANG_INIT_FRAMES)
+        return end
+
+    def _vllm_fp4_lines(self, t: float, fp4: Fp4Choice, unsupported: list[str]) -> None:
+        rel = self.rel
+        moe = fp4.moe_running
+        value = VLLM_MOE_VALUES.get(moe, moe.upper())
+        if moe in unsupported:
+            quoted = f"'{value}'" if "'{backend.value}'" in rel.line("moe_backend").text else value
+            # vLLM's MoE oracle refusing a backend for the device (oracle/nvfp4.py); the
+            # wording is not in the release tables.
+            self._fail_in_core("ValueError", f"NvFp4 MoE backend {quoted} does not support the deployment "
+                               "configuration since kernel does not support current device.",
+                               frames=_VLLM_INIT_FRAMES)
+        candidates = [moe] if fp4.moe else [c for c in VLLM_MOE_CANDIDATES if c not in unsupported]
+        available = [VLLM_MOE_VALUES.get(c, c.upper()) for c in candidates]
+        line = rel.line("moe_backend")
+        values = {"backend.value": value, "available_backend_strs": available, "self.name": "NvFp4",
+                  "lora": "", "available": f" out of potential backends: {available}"}
+        self.log(t, line, line.fmt(values))
+        linear = fp4.linear_running
+        kernel = VLLM_LINEAR_KERNELS.get(linear, "".join(p.capitalize() for p in linear.split("_"))
+                                         + "NvFp4LinearKernel")
+        if linear in unsupported:
+            # vLLM's linear kernel selection finding none (kernels/linear/__init__.py); the
+            # wording is not in the release tables.
+            self._fail_in_core("ValueError", "Failed to find a kernel that can implement the NVFP4 linear "
+                               f"layer. Reasons: {kernel} requires a compute capability the device (12.1) "
+                               "does not have", frames=_VLLM_INIT_FRAMES)
+        gemm = rel.line("nvfp4_linear_kernel")
+        self.log(t, gemm, gemm.pct(kernel))
+        if "marlin" in (moe, linear):
+            marlin = rel.line("marlin_fp4", file="marlin.py")
+            self.log(t, marlin, marlin.text, "WARNING")
+
+    # -- 4. weights ---------------------------------------------------------------------------------
     def _load_weights(self, t: float, config: dict[str, Any], nodes_used: int) -> float:
         load = self.node.scenario.truth["load"]
         weights = weights_per_node_gb(self.node.scenario.model, nodes_used)
@@ -582,6 +833,8 @@ class EngineProcess:
             self.node.hardware.record_activity(t + cache_s, end, f"load_{loader}", {"read_gbs": read_gbs})
         self.node.hardware.begin_load(t + cache_s, end, cached, weights, loader)
         self.node.hardware.engine_memory_ramp(t, end, weights * 1e9 / GIB)
+        gib = weights * 1e9 / GIB
+        free = float(self.node.scenario.node["cuda_free_gib"])
 
         def shard_done(i: int) -> float:
             gb = (i + 1) / SHARDS * weights
@@ -594,89 +847,34 @@ class EngineProcess:
                 raw = min(disk_s, math.ceil(raw / step - 1e-9) * step)
             return cache_s + raw
 
-        self.info(t, "weight_utils.py:470", logfmt.shard_progress(0, SHARDS, 0.0))
-        for i in range(SHARDS):
-            done_at = t + shard_done(i)
-            self.at(done_at)
-            self.info(done_at, "weight_utils.py:470", logfmt.shard_progress(i + 1, SHARDS, done_at - t))
-        self.at(end)
+        if self.engine == "sglang":
+            begin = self.rel.line("load_weight_begin")
+            self.log(t, begin, begin.fmt({"get_available_gpu_memory(self.device, self.gpu_id)": free}))
+            self.at(end)
+        else:
+            shards = self.rel.line("shard_progress", contains="safetensors")
+            self.log(t, shards, logfmt.shard_progress(shards.text, 0, SHARDS, 0.0))
+            for i in range(SHARDS):
+                done_at = t + shard_done(i)
+                self.at(done_at)
+                self.log(done_at, shards, logfmt.shard_progress(shards.text, i + 1, SHARDS, done_at - t))
+            self.at(end)
         self.node.hardware.finish_load(end, weights)
-        gib = weights * 1e9 / GIB
         if self.engine == "sglang":
-            avail = self.node.scenario.node["cuda_free_gib"] - gib
-            self.info(end, "-", f"Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
-                      f"avail mem={avail:.2f} GB, mem usage={gib:.2f} GB.")
+            line = self.rel.line("load_weight_end", startswith="Load weight end. elapsed=")
+            self.log(end, line, line.fmt({
+                "time.perf_counter() - tic_total": total, "self.weight_load_time": total,
+                "type(self.model).__name__": _ARCHITECTURE,
+                "quant_str + ', ' if quant_str else ''": "",
+                "after_avail_memory": free - gib, "self.weight_load_mem_usage": gib}))
         else:
-            self.info(end, "default_loader.py:267", f"Loading weights took {total:.2f} seconds")
-            self.info(end, "gpu_model_runner.py:2634",
-                      f"Model loading took {gib:.2f} GiB memory and {total + 1.2:.2f} seconds")
+            took = self.rel.line("weights_loaded", file="default_loader.py")
+            self.log(end, took, took.pct(total))
+            model = self.rel.line("model_loading", file="gpu/model_runner.py")
+            self.log(end, model, model.pct(round(gib, 2), total + 1.2))
         return end
 
-    def _distributed_init(self, t: float, parsed: Any, nnodes: int) -> float:
-        load = self.node.scenario.truth["load"]
-        master = f"{parsed.master_addr or '127.0.0.1'}:{parsed.master_port or 29500}"
-        self._master = master
-        if self.engine == "sglang":
-            self.info(t, "-", "Init torch distributed begin.")
-        else:
-            self.info(t, "parallel_state.py:1208", f"world_size={nnodes} rank={self.rank} local_rank=0 "
-                      f"distributed_init_method=tcp://{master} backend=nccl")
-        release = t
-        if nnodes > 1:
-            key = (parsed.master_addr, parsed.master_port)
-            self.group = self.node.hub.join(self, key, nnodes)
-            # Whether this node is the one that comes late shows in its own traffic at once:
-            # its bootstrap retries over the management network while the others wait.
-            own_env_ok = env_meets(self.env, self.group.needs)
-            retrying = self.rank == self.group.late_rank and not own_env_ok
-            self.node.hardware.record_activity(t, math.inf, "rendezvous_wait", {"late": retrying})
-            barrier = self.group.arrive("init", self, t, stall_if_env_wrong=True)
-            assert barrier.release is not None
-            release = barrier.release
-            late = barrier.stalled and self.rank == self.group.late_rank
-            self._phase("rendezvous_wait", t, release, "rendezvous_wait", late=late)
-            if late:
-                self._bootstrap_retries(t, release)
-        self.at(release)
-        end = release + load["rendezvous_s"]
-        self._phase("distributed_init", release, end)
-        self.at(end)
-        if self.engine == "sglang":
-            self.info(end, "-", "Init torch distributed ends. mem usage=0.00 GB")
-        else:
-            self.info(end, "pynccl.py:103", "vLLM is using nccl==2.27.3")
-            par = parsed.config.get("parallel", {})
-            tp = max(1, int(par.get("tp", 1)))
-            self.info(end, "parallel_state.py:1421",
-                      f"rank {self.rank} in world size {nnodes} is assigned as DP rank 0, "
-                      f"PP rank {self.rank // tp}, TP rank {self.rank % tp}, EP rank {self.rank % tp}")
-        return end
-
-    def _bootstrap_retries(self, t: float, release: float) -> None:
-        """The late node's NCCL bootstrap keeps failing over the wrong interface."""
-        host = self.node.name
-        ifname = self.env.get("NCCL_SOCKET_IFNAME")
-        first = (f"NCCL INFO NCCL_SOCKET_IFNAME set by environment to {ifname}" if ifname
-                 else "NCCL INFO Bootstrap : Using docker0:172.17.0.1<0>")
-        self.write_raw([logfmt.nccl(host, self.pid, first)])
-        attempt = 0
-        mark = t + BOOTSTRAP_RETRY_EVERY_S
-        while mark < release:
-            self.at(mark)
-            attempt += 1
-            self.write_raw([
-                logfmt.glog("W", self.stamp(mark), self.pid, "torch/csrc/distributed/c10d/socket.cpp:767",
-                            "[c10d] The client socket has failed to connect to "
-                            f"[{self._master}] (errno: 110 - Connection timed out)."),
-                logfmt.nccl(host, self.pid, "misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
-                            f"172.17.0.1<{43000 + attempt}> failed : Connection timed out"),
-                logfmt.nccl(host, self.pid, f"NCCL INFO bootstrap.cc:77 -> 2 (retrying, attempt {attempt})"),
-            ])
-            mark += BOOTSTRAP_RETRY_EVERY_S
-        self.at(release)
-        self.write_raw([logfmt.nccl(host, self.pid,
-                                    f"NCCL INFO Bootstrap : connected after {attempt} retries")])
-
+    # -- 5. compile and JIT ---------------------------------------------------------------------------
     def _jit_cache_marker(self, backend: str) -> Path | None:
         """The file a completed JIT leaves in a kept cache volume, or None if the cache is ephemeral."""
         root = self.env.get("VLLM_CACHE_ROOT") if self.engine == "vllm" else None
@@ -687,40 +885,32 @@ class EngineProcess:
             base = self.node.host_path(root)
         except ValueError:
             return None
-        version = self.node.engine_versions().get(self.engine) or ""
-        digest = hashlib.sha256(f"{self.engine}:{version}:{backend}".encode()).hexdigest()[:10]
+        digest = hashlib.sha256(f"{self.engine}:{self.rel.version}:{backend}".encode()).hexdigest()[:10]
         return base / "torch_compile_cache" / digest / f"rank_{self.rank}_0" / "vllm_compile_cache.py"
 
-    def _jit(self, t: float, config: dict[str, Any], backend: str) -> float:
+    def _jit(self, t: float, backend: str) -> float:
+        """Compile and kernel JIT: the log is silent while the compilers run; vLLM reports
+        torch.compile's total at the end, SGLang nothing."""
         load = self.node.scenario.truth["load"]
         marker = self._jit_cache_marker(backend)
         warm = marker is not None and marker.is_file()
         seconds = load["jit_warm_s"] if warm else load["jit_cold_s"]
         end = t + seconds
         self._phase("jit", t, end, "jit", cold=not warm)
-        if self.engine != "sglang":
-            root = self.env.get("VLLM_CACHE_ROOT") or "/root/.cache/vllm"
-            digest = marker.parent.parent.name if marker is not None else "a1b2c3d4e5"
-            self.info(t, "backends.py:548", f"Using cache directory: {root}/torch_compile_cache/{digest}"
-                      f"/rank_{self.rank}_0/backbone for vLLM's torch.compile")
         self.at(end)
         if marker is not None and not warm:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(json.dumps({"backend": backend, "compiled_at": end}) + "\n")
-        if self.engine == "sglang":
-            self.info(end, "-", f"FlashInfer JIT kernels ready in {seconds:.2f} s")
-        elif warm:
-            self.info(end, "backends.py:194", "Directly load the compiled graph(s) for dynamic shape "
-                      f"from the cache, took {seconds * 0.4:.3f} s")
-            self.info(end, "monitor.py:34", f"torch.compile takes {seconds:.2f} s in total")
-        else:
-            self.info(end, "backends.py:215",
-                      f"Compiling a graph for dynamic shape takes {seconds * 0.93:.2f} s")
-            self.info(end, "monitor.py:34", f"torch.compile takes {seconds:.2f} s in total")
+        if self.engine == "vllm":
+            line = self.rel.line("torch_compile")
+            # 0.34's line starts with a %s naming the compiled module (empty for the model).
+            args = ("", seconds) if line.text.startswith("%s") else (seconds,)
+            self.log(end, line, line.pct(*args))
         return end
 
-    def _kv_report(self, t: float, serving: dict[str, Any], weights_gib: float) -> float | None:
-        """Log the KV cache size; on too little memory fail like vLLM does. GiB allocated, or None."""
+    # -- 6. KV cache -------------------------------------------------------------------------------------
+    def _kv_report(self, t: float, serving: dict[str, Any], weights_gib: float) -> float:
+        """Log the KV cache size; on too little memory fail like the engine does. GiB allocated."""
         scenario = self.node.scenario
         dtype = "fp8" if serving.get("kv_cache_dtype", "auto") == "fp8" else "bf16"
         per_token = scenario.model["kv_bytes_per_token"][dtype]
@@ -732,29 +922,102 @@ class EngineProcess:
             native = per_token * int(scenario.model["max_context"]) / GIB
             cap = native * KV_BUDGET_FRACTION if fault["kv_budget"] is True else float(fault["kv_budget"])
             available = min(available, cap)
+        available = max(0.0, available)
         if available < needed:
-            est = int(max(0.0, available) * GIB / per_token)
-            self._error_traceback(
-                "ValueError",
-                f"not enough memory for KV cache: to serve at least one request with the model's max seq "
-                f"len ({max_len}), {needed:.2f} GiB KV cache is needed, which is larger than the available "
-                f"KV cache memory ({max(0.0, available):.2f} GiB). Based on the available memory, the "
-                f"estimated maximum model length is {est}. Try increasing `gpu_memory_utilization` or "
-                f"decreasing `max_model_len` when initializing the engine.",
-                phase="KV cache allocation")
-            return None
+            self._kv_refusal(max_len, needed, available, per_token)
         tokens = int(available * GIB / per_token)
         self.kv_tokens = tokens
+        rel = self.rel
         if self.engine == "sglang":
-            self.info(t, "-", f"KV Cache is allocated. #tokens: {tokens}, KV size: {available:.2f} GB")
+            free = float(scenario.node["cuda_free_gib"]) - weights_gib - available
+            line = rel.line("kv_cache_allocated", contains="KV size")
+            if line.text.count("%") >= 4:  # 0.5.23: "Post-capture KV sizing: KV cache allocated. ..."
+                self.log(t, line, line.pct(dtype if dtype == "bf16" else "torch.float8_e4m3fn", tokens,
+                                           available, free))
+            else:
+                self.log(t, line, line.fmt(num_tokens=tokens, kv_size_GB=available))
+            pool = rel.line("memory_pool_end")
+            self.log(t, pool, pool.fmt({"get_available_gpu_memory(self.device, self.gpu_id)": free}))
         else:
-            self.info(t, "gpu_worker.py:298", f"Available KV cache memory: {available:.2f} GiB")
-            self.info(t, "kv_cache_utils.py:1087", f"GPU KV cache size: {tokens:,} tokens")
-            self.info(t, "kv_cache_utils.py:1091",
-                      f"Maximum concurrency for {max_len:,} tokens per request: {tokens / max_len:.2f}x")
+            avail = rel.line("available_kv_memory")
+            self.log(t, avail, avail.pct(round(available, 2)))
+            size = rel.line("kv_cache_size")
+            args: tuple[Any, ...] = (f"{tokens:,}", f"{max_len:,}", tokens / max_len)
+            if size.text.startswith("%s"):
+                args = ("GPU", *args)
+            self.log(t, size, size.pct(*args))
         return available
 
-    def _serving_engine(self, config: dict[str, Any], backend: str, port: int) -> ServingEngine:
+    def _kv_refusal(self, max_len: int, needed: float, available: float, per_token: int) -> None:
+        rel = self.rel
+        if self.engine == "sglang":
+            message = rel.line("not_enough_memory").text
+            self._fail_in_core("RuntimeError", message, frames=_SGLANG_INIT_FRAMES)
+        estimated = int(available * GIB / per_token)
+        estimate = rel.line("kv_budget_error", startswith="Based on").fmt(estimated_max_len=estimated)
+        text = rel.line("kv_budget_error", startswith="To serve").fmt({
+            "max_model_len": max_len, "format_gib(needed_memory)": round(needed, 2),
+            "format_gib(available_memory)": round(available, 2), "estimated_msg": estimate,
+            # 0.34's hint (not in the table): what the 0.29 line says in the same place.
+            "hint": "Try increasing `gpu_memory_utilization` when initializing the engine."})
+        self._fail_in_core("ValueError", text, frames=_VLLM_KV_FRAMES)
+
+    # -- 7. graphs ---------------------------------------------------------------------------------------
+    def _graphs_captured(self, t: float, capture_s: float, config: dict[str, Any], used_gib: float) -> None:
+        rel = self.rel
+        if self.engine == "vllm":
+            line = rel.line("graph_capture")
+            self.log(t, line, line.pct(capture_s, GRAPH_POOL_GIB))
+            return
+        free = float(self.node.scenario.node["cuda_free_gib"]) - used_gib - GRAPH_POOL_GIB
+        values = {"time.perf_counter() - tic": capture_s, "capture_time": capture_s,
+                  "mem_usage": GRAPH_POOL_GIB, "after_mem": free, "capture_name": "decode",
+                  "before_mem - after_mem": GRAPH_POOL_GIB * 0.1}
+        if rel.has_line("cuda_graph_capture_end", file="cuda_graph_setup.py"):
+            main = rel.line("cuda_graph_capture_end", file="cuda_graph_setup.py")
+        else:
+            main = rel.line("cuda_graph_capture_end", file="model_executor/model_runner.py")
+        self.log(t, main, main.fmt(values))
+        spec = config.get("speculative") or {}
+        if spec.get("method") == "eagle3":
+            draft = next((x for x in rel.lines("cuda_graph_capture_end")
+                          if "eagle_worker" in x.file and x.text.startswith("Capture draft ")), None)
+            if draft is not None:
+                self.log(t, draft, draft.fmt(values))
+
+    def _sglang_pool_line(self, t: float, config: dict[str, Any], used_gib: float) -> None:
+        """The scheduler's summary once its pools exist (scheduler.py)."""
+        line = self.rel.line("memory_pool", file="managers/scheduler.py")
+        serving = config.get("serving", {})
+        max_len = int(serving.get("max_model_len") or self.node.scenario.model["max_context"])
+        free = float(self.node.scenario.node["cuda_free_gib"]) - used_gib - GRAPH_POOL_GIB
+        self.log(t, line, line.fmt({
+            "self.max_total_num_tokens": self.kv_tokens or 0,
+            "self.server_args.chunked_prefill_size": 8192, "get_schedule().chunked_prefill_size": 8192,
+            "self.max_prefill_tokens": 16384, "self.max_running_requests": 48,
+            "self.model_config.context_len": max_len,
+            "'available_cpu_mem' if self.device == 'cpu' else 'available_gpu_mem'": "available_gpu_mem",
+            "avail_mem": free, "self.startup_available_gpu_memory_gb": free}))
+
+    # -- 8. ready ---------------------------------------------------------------------------------------
+    def _ready_lines(self, t: float, port: int, config: dict[str, Any]) -> None:
+        rel = self.rel
+        if self.engine == "vllm":
+            line = rel.line("api_server_start", file="api_server/entry.py")
+            self.log(t, line, line.pct(f"http://0.0.0.0:{port}"))
+            return
+        load = self.node.scenario.truth["load"]
+        if rel.has_line("startup_timings"):
+            timings = rel.line("startup_timings")
+            weights = next(p.seconds for p in self.phases if p.name == "weights_load")
+            graphs = next((p.seconds for p in self.phases if p.name == "graph_capture"), 0.0)
+            self.log(t, timings, timings.pct(weights, load["kv_alloc_s"], t - self.started,
+                                             f"decode={graphs:.2f}", load["api_ready_s"]), scheduler=False)
+        ready = rel.line("server_ready", file="srt/entrypoints/http_server.py")
+        self.log(t, ready, ready.text, scheduler=False)
+
+    def _serving_engine(self, config: dict[str, Any], argv: list[str], backend: str,
+                        port: int) -> ServingEngine:
         from lab.sim.http import ServingEngine
 
         scenario = self.node.scenario
@@ -767,31 +1030,35 @@ class EngineProcess:
             backend_state=state,
             error_rate=float(fp4["error_rate"]) if state == "degraded" else 0.0,
             clock=self.clock,
-            log=self.serving_log,
+            log=lambda _message: None,
+            log_line=self.serving_log,
             tokenizer_path=self.node.host_path(f"{self.node.paths.model_dir}/tokenizer.json"),
             host="127.0.0.1",
             port=port,
             seed=scenario.seed + self.node.launch_count,
             kv_capacity_tokens=self.kv_tokens,
+            release=self.rel,
+            argv=argv,
         )
         return server
 
     def _crash(self, t: float) -> None:
-        """engine_crash_after_s: a fatal CUDA error takes the engine and its workers down."""
+        """engine_crash_after_s: a fatal CUDA error takes the engine and its workers down.
+        The lines are the engines' own wording (vLLM's core.py / async_llm.py, SGLang's
+        scheduler), which the release tables do not carry."""
         frames = [
-            ("/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", 806, "run_engine_core",
-             "engine_core.run_busy_loop()"),
-            ("/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", 833, "run_busy_loop",
-             "self._process_engine_step()"),
-            ("/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/multiproc_executor.py", 264,
-             "collective_rpc", "raise RuntimeError(f\"Worker failed with error '{e}'\")"),
+            (f"{SITE}/vllm/v1/engine/core.py", 806, "run_engine_core", "engine_core.run_busy_loop()"),
+            (f"{SITE}/vllm/v1/engine/core.py", 833, "run_busy_loop", "self._process_engine_step()"),
+            (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 264, "collective_rpc",
+             "raise RuntimeError(f\"Worker failed with error '{e}'\")"),
         ]
         body = logfmt.python_traceback(
             frames, "RuntimeError: Worker failed with error 'CUDA error: an illegal memory access was "
                     "encountered', please check the stack trace above for the root cause")
         stamp = self.stamp(t)
         if self.engine == "sglang":
-            lines = [logfmt.sglang(stamp, "Scheduler hit an exception:", tp_rank=self.rank), *body]
+            lines = [logfmt.sglang(stamp, f"Scheduler hit an exception: {body[0]}", tp_rank=self.rank),
+                     *body[1:], logfmt.sglang(stamp, self.rel.line("child_failed").text)]
         else:
             lines = [logfmt.vllm("ERROR", stamp, "core.py:815", "EngineCore encountered a fatal error.")]
             lines += [logfmt.vllm("ERROR", stamp, "core.py:815", line) for line in body]
@@ -805,24 +1072,86 @@ class EngineProcess:
         if self.group is not None:
             for member in list(self.group.members.values()):
                 if member is not self:
-                    member.terminate(exit_code=1, lines=[logfmt.nccl(
-                        member.node.name, member.pid,
-                        "NCCL WARN [Service thread] Error encountered progressing operation=Connect, "
-                        "res=3, closing connection"),
-                        "RuntimeError: NCCL communicator was aborted on rank "
-                        f"{member.rank}."])
+                    lines = ["RuntimeError: NCCL communicator was aborted on rank "
+                             f"{member.rank}."]
+                    if member.process_env.get("NCCL_DEBUG", "").upper() in ("WARN", "INFO", "TRACE"):
+                        lines.insert(0, logfmt.nccl(
+                            member.node.name, member.pid,
+                            "NCCL WARN [Service thread] Error encountered progressing operation=Connect, "
+                            "res=3, closing connection"))
+                    member.terminate(exit_code=1, lines=lines)
 
-    def _usage_error(self, t: float, exc: Exception) -> int:
-        """argparse's own output for a flag the engine does not know, then exit 2."""
-        self.at(t + 3.0)
-        message = getattr(exc, "message", None) or str(exc)
-        prog = getattr(exc, "prog", None) or "vllm serve"
-        if prog == "vllm serve":
-            usage = "usage: vllm serve [model_tag] [options]"
-        else:
-            usage = f"usage: {prog} [-h] --model-path MODEL_PATH [--tokenizer-path TOKENIZER_PATH] ..."
-        self.write_raw([usage, f"{prog}: error: {message}"])
-        return 2
+
+# Traceback frames (Python's traceback format; the files and functions are the engines'
+# own, the line numbers illustrative): where each failure is raised.
+_VLLM_CORE_LINE = 708
+_ARCHITECTURE = "DeepseekV3ForCausalLM"
+_VLLM_API_FRAMES = [
+    ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
+    (f"{SITE}/vllm/entrypoints/cli/main.py", 73, "main", "args.dispatch_function(args)"),
+    (f"{SITE}/vllm/entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
+    (f"{SITE}/vllm/v1/engine/utils.py", 1073, "wait_for_engine_startup",
+     "raise RuntimeError("),
+]
+_VLLM_INIT_FRAMES = [
+    (f"{SITE}/vllm/v1/engine/core.py", 691, "run_engine_core",
+     "engine_core = EngineCoreProc(*args, **kwargs)"),
+    (f"{SITE}/vllm/v1/worker/gpu_model_runner.py", 3010, "load_model",
+     "self.model = model_loader.load_model("),
+    (f"{SITE}/vllm/model_executor/layers/quantization/modelopt.py", 1180, "__init__",
+     "self.nvfp4_backend, self.experts_cls = select_nvfp4_moe_backend("),
+]
+_VLLM_KV_FRAMES = [
+    (f"{SITE}/vllm/v1/engine/core.py", 691, "run_engine_core",
+     "engine_core = EngineCoreProc(*args, **kwargs)"),
+    (f"{SITE}/vllm/v1/engine/core.py", 83, "__init__", "self._initialize_kv_caches(vllm_config)"),
+    (f"{SITE}/vllm/v1/core/kv_cache_utils.py", 700, "check_enough_kv_cache_memory", "raise ValueError("),
+]
+_DIST_FRAMES = [
+    (f"{SITE}/torch/distributed/c10d_logger.py", 81, "wrapper", "return func(*args, **kwargs)"),
+    (f"{SITE}/torch/distributed/distributed_c10d.py", 1710, "init_process_group",
+     "store, rank, world_size = next(rendezvous_iterator)"),
+]
+_SGLANG_INIT_FRAMES = [
+    (f"{SITE}/sglang/srt/managers/scheduler.py", 2900, "run_scheduler_process",
+     "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)"),
+    (f"{SITE}/sglang/srt/model_executor/model_runner.py", 300, "__init__",
+     "self.initialize(min_per_gpu_memory)"),
+]
+_CONFIG_FRAMES = {
+    "vllm": [
+        ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
+        (f"{SITE}/vllm/engine/arg_utils.py", 1400, "create_engine_config",
+         "speculative_config = self.create_speculative_config("),
+        (f"{SITE}/vllm/transformers_utils/config.py", 600, "get_config",
+         "config_dict, _ = PretrainedConfig.get_config_dict("),
+        (f"{SITE}/huggingface_hub/_snapshot_download.py", 235, "snapshot_download",
+         "raise LocalEntryNotFoundError("),
+    ],
+    "sglang": [
+        ("<frozen runpy>", 198, "_run_module_as_main", "return _run_code(code, main_globals, None,"),
+        (f"{SITE}/sglang/srt/server_args.py", 1200, "__post_init__",
+         "self._handle_model_specific_adjustments()"),
+        (f"{SITE}/sglang/srt/utils/hf_transformers/config.py", 300, "get_config",
+         "config = AutoConfig.from_pretrained("),
+        (f"{SITE}/huggingface_hub/_snapshot_download.py", 235, "snapshot_download",
+         "raise LocalEntryNotFoundError("),
+    ],
+}
+_TOKENIZER_FRAMES = {
+    "vllm": [
+        ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
+        (f"{SITE}/vllm/entrypoints/cli/serve.py", 60, "cmd", "uvloop.run(run_server(args))"),
+        (f"{SITE}/vllm/tokenizers/hf.py", 200, "from_pretrained", "raise RuntimeError(err_msg) from e"),
+    ],
+    "sglang": [
+        ("<frozen runpy>", 198, "_run_module_as_main", "return _run_code(code, main_globals, None,"),
+        (f"{SITE}/sglang/srt/managers/tokenizer_manager.py", 250, "__init__",
+         "self.tokenizer = get_tokenizer("),
+        (f"{SITE}/sglang/srt/utils/hf_transformers/tokenizer.py", 203, "get_tokenizer",
+         "raise RuntimeError(err_msg) from e"),
+    ],
+}
 
 
 def wait_all(processes: list[EngineProcess], timeout: float) -> None:

@@ -221,6 +221,10 @@ class NodeHardware:
         if kind == "process_start":
             cpu_user = 100.0 / self.scenario.node["cpu_cores"] * u(0.9, 1.0) + 0.5
             cpu_sys, disk = u(0.8, 1.5), u(15.0, 60.0)
+        elif kind == "model_init":
+            # Building the model and choosing its kernels: one core busy, nothing read yet.
+            cpu_user = 100.0 / self.scenario.node["cpu_cores"] * u(0.9, 1.0) + 0.4
+            cpu_sys, disk = u(0.4, 1.0), u(0.0, 2.0)
         elif kind == "load_mmap":
             # Page-fault storms: two seconds of reads in every five, ~read_gbs on average.
             burst = int(s) % 5 < 2

@@ -35,6 +35,7 @@ from typing import Any, cast
 from lab.clock import LabClock
 from lab.config import engine_api_keys
 from lab.sim.physics import Step
+from lab.sim.release import Line, Release
 from lab.sim.serving import EngineCore, RequestRecord, ScenarioLike
 from lab.sim.text import Workload, classify_prompt
 
@@ -124,6 +125,9 @@ class ServingEngine:
         port: int,
         seed: int,
         kv_capacity_tokens: int | None = None,
+        release: Release | None = None,
+        argv: Sequence[str] = (),
+        log_line: Callable[[Line, str], None] | None = None,
     ) -> None:
         self.core = EngineCore(
             scenario=scenario,
@@ -136,6 +140,9 @@ class ServingEngine:
             tokenizer_path=tokenizer_path,
             seed=seed,
             kv_capacity=kv_capacity_tokens,
+            release=release,
+            argv=argv,
+            log_line=log_line,
         )
         self.version = str(config["engine"].get("version", ""))
         self.engine_name = str(config["engine"].get("name", "vllm"))
@@ -284,7 +291,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, {"version": self.engine.version})
         elif path == "/v1/models":
             self._send_json(200, self._models())
-        elif path == "/metrics":
+        elif path == "/metrics" and self.core.metrics_enabled:
+            # SGLang mounts /metrics only when launched with --enable-metrics.
             self._send(200, self.core.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif path in ("/v1/completions", "/v1/chat/completions"):
             self._send_json(405, {"detail": "Method Not Allowed"})

@@ -1,7 +1,9 @@
 """Engine log lines in the formats vLLM and SGLang write, stamped with lab time.
 
-The simulated engine writes its log through these helpers so that the platform's log
-parser meets the same shapes it meets on real nodes (docs/lab-contracts.md lists them).
+The simulated engine writes its log through these helpers: the prefixes the engines'
+loggers put before a message (the messages themselves are the release's format strings,
+lab/sim/release.py), NCCL's and torch's own line shapes, tqdm's progress bar and
+Python's traceback.
 Timestamps are lab time in UTC as the node's clock reads it: the lab clock, plus the
 scenario's `clock_offset_s` fault on a skewed node.
 """
@@ -43,15 +45,17 @@ def clock_mmss(seconds: float) -> str:
     return f"{s // 60:02d}:{s % 60:02d}"
 
 
-def shard_progress(done: int, total: int, elapsed_s: float) -> str:
-    """tqdm's progress bar text as vLLM prints it while loading safetensors shards."""
+def shard_progress(desc: str, done: int, total: int, elapsed_s: float) -> str:
+    """tqdm's progress bar text as vLLM prints it while loading checkpoint shards; `desc`
+    is the bar's description from the release's table ("Loading safetensors checkpoint
+    shards"), the rest is tqdm's own format (vLLM's bar_format)."""
     pct = int(100 * done / total) if total else 100
     if done == 0:
-        return f"Loading safetensors checkpoint shards: {pct:3d}% Completed | 0/{total} [00:00<?, ?it/s]"
+        return f"{desc}: {pct:3d}% Completed | 0/{total} [00:00<?, ?it/s]"
     per = elapsed_s / done
     remaining = per * (total - done)
     rate = f"{per:6.2f}s/it" if per >= 1 else f"{1 / per if per else 0.0:6.2f}it/s"
-    return (f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {done}/{total} "
+    return (f"{desc}: {pct:3d}% Completed | {done}/{total} "
             f"[{clock_mmss(elapsed_s)}<{clock_mmss(remaining)},{rate}]")
 
 

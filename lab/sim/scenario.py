@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from lab.engines.tables import modelled_versions
+
 SCHEMA = "labsim.scenario/1"
 
 # LAB_MODEL.md section 1, per node.
@@ -60,11 +62,21 @@ MODEL_PROFILES: dict[str, dict[str, Any]] = {
         "checkpoint_gb": 597.0,
         "decode_bytes_per_token_gb": 32.0,
         "mtp_heads": 0,
+        # Where the lab holds it (LAB_MODEL.md sections 9 and 10): its hub id, its path in
+        # the lab's models directory, whether it ships its own code (Kimi K2's tokenizer is
+        # Moonshot's tiktoken wrapper), and the drafts the lab holds beside it.
+        "id": "moonshotai/Kimi-K2-Instruct-0905",
+        "path": "/models/kimi-k2",
+        "remote_code": True,
+        "drafts": [{"id": "AQ-MedAI/Kimi-K2-Instruct-eagle3", "path": "/models/kimi-k2-eagle3",
+                    "method": "eagle3"}],
     },
 }
+DRAFT_FIELDS = ("id", "path", "method")
 
 ENGINE_NAMES = ("vllm", "sglang")
-ENGINE_DEFAULT_VERSIONS = {"vllm": "0.29.1", "sglang": "0.5.6"}
+# The modelled releases (lab/engines/releases); a scenario naming no version runs these.
+ENGINE_DEFAULT_VERSIONS = {"vllm": "0.34.0", "sglang": "0.5.23"}
 
 LOAD_DEFAULTS: dict[str, Any] = {
     "proc_start_s": 20.0,
@@ -86,7 +98,13 @@ FP4_DEFAULTS: dict[str, Any] = {
     "broken": [],
     "degraded": [],
     "error_rate": 0.25,
-    "speed": {"flashinfer_cutlass": 1.0, "cutlass": 1.0, "marlin": 1.15},
+    # Native FP4 backends run at 1.0 (a backend given no factor runs at 1.0 too), the
+    # weight-only Marlin kernel slower.
+    "speed": {"flashinfer_cutlass": 1.0, "cutlass": 1.0, "flashinfer_b12x": 1.0, "b12x": 1.0,
+              "marlin": 1.15},
+    # Backends the engine accepts but that cannot run NVFP4 on sm_121: the process ends at
+    # model init with the engine's error (LAB_MODEL.md section 6).
+    "unsupported": ["flashinfer_trtllm", "flashinfer_cutedsl", "triton", "deep_gemm"],
 }
 
 DECODE_DEFAULTS: dict[str, Any] = {
@@ -352,6 +370,28 @@ def _nics(default: Any, value: Any, path: str) -> dict[str, Any]:
     return out
 
 
+def _drafts(default: Any, value: Any, path: str) -> list[dict[str, str]]:
+    """The drafts the lab holds beside the model: [{id, path, method}]; a given list
+    replaces the profile's whole."""
+    if not isinstance(value, list):
+        raise _fail(path, value, "a list of {id, path, method}")
+    out = []
+    for i, item in enumerate(value):
+        dpath = f"{path}[{i}]"
+        entry = _mapping(item, dpath, "a mapping with fields " + ", ".join(DRAFT_FIELDS))
+        for key in entry:
+            if key not in DRAFT_FIELDS:
+                raise _unknown(f"{dpath}.{key}", DRAFT_FIELDS)
+        for key in DRAFT_FIELDS:
+            if key not in entry:
+                raise ScenarioError(f"{dpath}.{key}", "is required")
+        draft = {key: _string(entry[key], f"{dpath}.{key}") for key in DRAFT_FIELDS}
+        if not draft["path"].startswith("/"):
+            raise _fail(f"{dpath}.path", draft["path"], "an absolute path in the lab's models directory")
+        out.append(draft)
+    return out
+
+
 def _model(value: Any, path: str) -> dict[str, Any]:
     if value is None:
         return copy.deepcopy(MODEL_PROFILES["kimi-k2"])
@@ -364,7 +404,9 @@ def _model(value: Any, path: str) -> dict[str, Any]:
     base = MODEL_PROFILES["kimi-k2"]
     if "name" in table and table["name"] in MODEL_PROFILES:
         base = MODEL_PROFILES[table["name"]]
-    model = _merge(base, table, path, {"kv_bytes_per_token": _kv_bytes})
+    model = _merge(base, table, path, {"kv_bytes_per_token": _kv_bytes, "drafts": _drafts})
+    if not model["path"].startswith("/"):
+        raise _fail(f"{path}.path", model["path"], "an absolute path in the lab's models directory")
     if model["experts_per_token"] > model["experts"]:
         raise _fail(f"{path}.experts_per_token", model["experts_per_token"],
                     f"at most experts ({model['experts']})")
@@ -378,9 +420,13 @@ def _engine(value: Any, path: str) -> dict[str, Any]:
             raise _unknown(f"{path}.{key}", ("name", "version"))
     name = _string(table.get("name", "vllm"), f"{path}.name", ENGINE_NAMES)
     version = table.get("version", ENGINE_DEFAULT_VERSIONS[name])
+    modelled = modelled_versions(name)
     if isinstance(version, int | float) and not isinstance(version, bool):
-        raise _fail(f"{path}.version", version, 'a version string in quotes, e.g. "0.29.1"')
-    return {"name": name, "version": _string(version, f"{path}.version")}
+        raise _fail(f"{path}.version", version,
+                    f'a version string in quotes, e.g. "{ENGINE_DEFAULT_VERSIONS[name]}"')
+    # The node's installed version is the scenario's: only a modelled release has the
+    # flags, lines and metrics the simulated engine speaks.
+    return {"name": name, "version": _string(version, f"{path}.version", modelled)}
 
 
 def _faults(value: Any, path: str, node_names: list[str]) -> list[dict[str, Any]]:
@@ -453,6 +499,9 @@ def _truth(value: Any, node: dict[str, Any], node_names: list[str]) -> dict[str,
     fp4 = _merge(FP4_DEFAULTS, table.get("fp4"), "truth.fp4", {"speed": _number_table})
     known = tuple(fp4["speed"])
     _string(fp4["default_backend"], "truth.fp4.default_backend", known)
+    if fp4["default_backend"] in fp4["unsupported"]:
+        raise _fail("truth.fp4.default_backend", fp4["default_backend"],
+                    "a backend not in truth.fp4.unsupported (the default rule picks one that runs)")
     for listed in ("broken", "degraded"):
         for i, name in enumerate(fp4[listed]):
             _string(name, f"truth.fp4.{listed}[{i}]", known)

@@ -33,11 +33,27 @@ from lab.sim.physics import (
     decode_plan,
     kv_capacity_tokens,
 )
+from lab.sim.release import Line, Release
 from lab.sim.text import Reply, TextModel, Workload, encoded_corpora, stable_int
 from lab.sim.tokenizer import load_tokenizer
 
 BACKEND_STATES = ("ok", "broken", "degraded")
 HISTORY_LIMIT = 1000
+# SGLang writes its `Decode batch` line every this many decode steps (--decode-log-interval).
+DECODE_LOG_INTERVAL = 40
+# The versions a serving engine speaks when its configuration names one no table models.
+DEFAULT_VERSIONS = {"vllm": "0.34.0", "sglang": "0.5.23"}
+
+
+def release_for(config: Mapping[str, Any]) -> Release:
+    """The release a configuration's engine runs (its engine.version when modelled)."""
+    from lab.engines.tables import modelled_versions
+
+    engine = str(config["engine"]["name"])
+    version = str(config["engine"].get("version") or "")
+    if version not in modelled_versions(engine):
+        version = DEFAULT_VERSIONS[engine]
+    return Release(engine, version)
 
 
 class ScenarioLike(Protocol):
@@ -110,6 +126,18 @@ class _Window:
 
 
 @dataclass
+class _DecodeWindow:
+    """SGLang's counts since its last `Decode batch` line (logged by steps, not time)."""
+
+    steps: int = 0
+    generation: int = 0
+    drafts: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    since: float = 0.0  # monotonic seconds of the last line
+
+
+@dataclass
 class _Totals:
     """Lifetime counters for /metrics."""
 
@@ -141,6 +169,9 @@ class EngineCore:
         tokenizer_path: Path,
         seed: int,
         kv_capacity: int | None = None,
+        release: Release | None = None,
+        argv: Sequence[str] = (),
+        log_line: Callable[[Line, str], None] | None = None,
     ) -> None:
         if backend_state not in BACKEND_STATES:
             raise ValueError(f"backend_state: got {backend_state!r}; accepted: ok, broken, degraded")
@@ -150,9 +181,17 @@ class EngineCore:
         self.backend_state = backend_state
         self.error_rate = error_rate
         self.engine = str(config["engine"]["name"])
+        # The release it runs (its lines and metric names), and the flags it was started with.
+        self.release = release or release_for(config)
+        self.argv = list(argv)
+        interval = self.release.option(self.argv, "--decode-log-interval")[1]
+        self.decode_log_interval = max(1, int(interval)) if interval else DECODE_LOG_INTERVAL
+        self.metrics_enabled = self.engine == "vllm" or self.release.flag_on(self.argv, "--enable-metrics")
         self.model_name = served_model_name(config)
         self.max_model_len = int(config["serving"]["max_model_len"])
-        self._log = log
+        # `log_line` receives each line with the format string it fills (an engine's log
+        # prefix names the string's origin); `log` the message alone.
+        self._log: Callable[[Line, str], None] = log_line or (lambda _line, message: log(message))
         self._log_lock = threading.Lock()
 
         truth = scenario.truth
@@ -209,12 +248,17 @@ class EngineCore:
         self._window = _Window(accepted_per_pos=[0] * self.k)
         self._totals = _Totals(accepted_per_pos=[0] * self.k)
         self._busy_since: float | None = None
+        self._decode = _DecodeWindow(since=time.monotonic())
+        # SGLang's scheduler gauges, set when it logs a decode batch.
+        self._gauges = {"gen_throughput": 0.0, "spec_accept_length": 0.0, "spec_accept_rate": 0.0}
         self._stop = threading.Event()
         self._stats_thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.engine == "sglang":
+            return  # SGLang logs by decode steps (_account), not on a clock
         self._stats_thread = threading.Thread(target=self._stats_loop, name="labsim-stats", daemon=True)
         self._stats_thread.start()
 
@@ -333,7 +377,6 @@ class EngineCore:
 
     def _client_left(self, record: RequestRecord) -> tuple[bool, str]:
         if self.abort_on_disconnect:
-            self.write_log(f"Aborted request {record.request_id}.")
             return False, "aborted"
         return False, "orphaned"
 
@@ -371,10 +414,19 @@ class EngineCore:
             prompt = 0
             if self.server_counts == "proposed":
                 counted = step.drafted + 1
+        decode_line = False
         with self._lock:
             record.generated += step.emitted
             if index > 0:
                 self._window.decode_steps += 1
+                window = self._decode
+                window.steps += 1
+                window.generation += counted
+                if step.drafted:
+                    window.drafts += 1
+                    window.drafted += step.drafted
+                    window.accepted += step.accepted
+                decode_line = window.steps >= self.decode_log_interval
             for bucket in (self._window, self._totals):
                 bucket.prompt += prompt
                 bucket.generation += counted
@@ -384,12 +436,12 @@ class EngineCore:
                     bucket.accepted += step.accepted
                     for pos in range(step.accepted):
                         bucket.accepted_per_pos[pos] += 1
-        if index == 0 and self.engine == "sglang":
-            self.write_log(
-                f"Prefill batch. #new-seq: 1, #new-token: {record.prompt_tokens}, "
-                f"#cached-token: 0, token usage: {self._kv_fraction():.2f}, "
-                f"#running-req: {self.running()}, #queue-req: 0"
-            )
+        if self.engine != "sglang":
+            return
+        if index == 0:
+            self._log_prefill(record)
+        elif decode_line:
+            self._log_decode()
 
     def running(self) -> int:
         with self._lock:
@@ -402,9 +454,9 @@ class EngineCore:
     def _kv_fraction(self) -> float:
         return self._kv_tokens() / self.kv_capacity if self.kv_capacity else 0.0
 
-    def write_log(self, message: str) -> None:
+    def write_log(self, line: Line, message: str) -> None:
         with self._log_lock:
-            self._log(message)
+            self._log(line, message)
 
     def _stats_loop(self) -> None:
         interval_wall = self.log_interval_s / self.clock.dilation
@@ -421,6 +473,8 @@ class EngineCore:
             last = now
 
     def _log_interval(self, elapsed_lab_s: float) -> None:
+        """vLLM's periodic stats line and, with speculation, its SpecDecoding line, in the
+        release's format strings (vllm/v1/metrics/loggers.py, spec_decode/metrics.py)."""
         with self._lock:
             window = self._window
             if self._busy_since is not None:
@@ -434,127 +488,166 @@ class EngineCore:
         gen_tps = window.generation / seconds if seconds > 0 else 0.0
         prompt_tps = window.prompt / elapsed_lab_s if elapsed_lab_s > 0 else 0.0
         kv_fraction = self._kv_fraction()
-        if self.engine == "sglang":
-            self._log_sglang(window, running, gen_tps, kv_fraction)
-            return
-        self.write_log(
-            f"Engine 000: Avg prompt throughput: {prompt_tps:.1f} tokens/s, "
-            f"Avg generation throughput: {gen_tps:.1f} tokens/s, "
-            f"Running: {running} reqs, Waiting: 0 reqs, "
-            f"GPU KV cache usage: {kv_fraction * 100:.1f}%, Prefix cache hit rate: 0.0%"
-        )
+        rel = self.release
+        prompt_line, gen_line = rel.line("stats_throughput", startswith="Avg prompt"), \
+            rel.line("stats_throughput", startswith="Avg generation")
+        kv_line = next(x for x in rel.lines("stats_kv_usage") if "Iteration" not in x.text)
+        kv_args: tuple[Any, ...] = (kv_fraction * 100,)
+        if kv_line.text.startswith("%s"):
+            kv_args = ("GPU", *kv_args)  # loggers.py: kv_cache_device is "GPU" on CUDA
+        parts = [
+            prompt_line.pct(prompt_tps),
+            gen_line.pct(gen_tps),
+            rel.line("stats_requests", startswith="Running").pct(running),
+            rel.line("stats_requests", startswith="Waiting").pct(0),
+            kv_line.pct(*kv_args),
+            rel.line("stats_prefix_cache").pct(0.0),
+        ]
+        prefix = rel.line("stats_engine_prefix").fmt({"": 0, "self.engine_index": 0, "engine_idx": 0})
+        self.write_log(prompt_line, prefix + ", ".join(parts))
         if window.drafts:
             per_pos = ", ".join(f"{a / window.drafts:.3f}" for a in window.accepted_per_pos)
-            self.write_log(
-                "SpecDecoding metrics: "
-                f"Mean acceptance length: {1 + window.accepted / window.drafts:.2f}, "
-                f"Accepted throughput: {window.accepted / elapsed_lab_s:.2f} tokens/s, "
-                f"Drafted throughput: {window.drafted / elapsed_lab_s:.2f} tokens/s, "
-                f"Accepted: {window.accepted} tokens, Drafted: {window.drafted} tokens, "
-                f"Per-position acceptance rate: {per_pos}, "
-                f"Avg Draft acceptance rate: {window.accepted / window.drafted * 100:.1f}%"
-            )
+            line = rel.line("specdec_header")
+            self.write_log(line, line.pct(
+                1 + window.accepted / window.drafts,
+                window.accepted / elapsed_lab_s,
+                window.drafted / elapsed_lab_s,
+                window.accepted,
+                window.drafted,
+                per_pos,
+                window.accepted / window.drafted * 100,
+            ))
 
-    def _log_sglang(self, window: _Window, running: int, gen_tps: float, kv: float) -> None:
-        # SGLang reports decode batches after decode steps, never for an idle engine.
-        if not window.decode_steps:
-            return
-        accept = ""
+    def _token_usage_msg(self) -> str:
+        """SGLang's `{token_usage_msg}` part of a batch line (pool_stats_observer.py)."""
+        usage = self._kv_fraction()
+        found = [x for x in self.release.lines("batch_fields") if x.text.startswith("#token: ")]
+        if found:
+            values = {"self.full_num_used": self._kv_tokens(), "self.full_token_usage": usage}
+            return found[0].fmt(values) + ", "
+        return f"token usage: {usage:.2f}, "
+
+    def _log_prefill(self, record: RequestRecord) -> None:
+        line = self.release.line("prefill_batch")
+        message = line.fmt({
+            "iter_msg": "", "prefill_stats.num_new_seqs": 1,
+            "prefill_stats.log_input_tokens": record.prompt_tokens, "prefill_stats.log_hit_tokens": 0,
+            "token_usage_msg": self._token_usage_msg(),
+            "prefill_stats.num_running_reqs.total": self.running(),
+            "len(self.waiting_queue)": 0, "len(self.scheduler.waiting_queue)": 0,
+            "prefill_stats.num_pending_tokens": 0,
+        })
+        # The format string ends where the scheduler appends its optional fields.
+        self.write_log(line, message.rstrip(", "))
+
+    def _log_decode(self) -> None:
+        """SGLang's `Decode batch` line, every decode_log_interval decode steps, with its
+        throughput over those steps and, under speculation, its acceptance."""
+        now = time.monotonic()
+        with self._lock:
+            window = self._decode
+            self._decode = _DecodeWindow(since=now)
+            running = len(self._active)
+        lab_s = (now - window.since) * self.clock.dilation
+        gen_tps = window.generation / lab_s if lab_s > 0 else 0.0
+        rel = self.release
+        line = rel.line("decode_batch")
+        fields = rel.lines("batch_fields")
+        message = line.fmt(iter_msg="", num_running_reqs=running, token_usage_msg=self._token_usage_msg())
+        accept_len = accept_rate = 0.0
         if window.drafts:
-            accept = f"accept len: {1 + window.accepted / window.drafts:.2f}, "
-        self.write_log(
-            f"Decode batch. #running-req: {running}, #token: {self._kv_tokens()}, "
-            f"token usage: {kv:.2f}, {accept}gen throughput (token/s): {gen_tps:.2f}, "
-            "#queue-req: 0"
-        )
+            accept_len = 1 + window.accepted / window.drafts
+            accept_rate = window.accepted / window.drafted if window.drafted else 0.0
+            accept = next(x for x in fields if x.text.startswith("accept len: "))
+            message += accept.fmt(spec_accept_length=accept_len, spec_accept_rate=accept_rate)
+        tail = next(x for x in fields if "gen throughput (token/s)" in x.text)
+        message += tail.fmt({"self._graph_backend_label": "cuda graph", "can_run_cuda_graph": True,
+                             "self.last_gen_throughput": gen_tps, "len(self.waiting_queue)": 0,
+                             "len(self.scheduler.waiting_queue)": 0})
+        with self._lock:
+            self._gauges = {"gen_throughput": gen_tps, "spec_accept_length": accept_len,
+                            "spec_accept_rate": accept_rate}
+        self.write_log(line, message)
 
     # -- /metrics ----------------------------------------------------------------------
 
     def metrics_text(self) -> str:
-        """Prometheus exposition with vLLM's metric names, counted like the log."""
+        """Prometheus exposition under the release's metric names, counted like the log:
+        vLLM's counters and gauges, or SGLang's (`sglang:` gauges set when it logs a decode
+        batch, its token counters; no accepted/drafted counters)."""
         with self._lock:
             totals = self._totals
             running = len(self._active)
-            snapshot = (
-                totals.prompt,
-                totals.generation,
-                totals.drafts,
-                totals.drafted,
-                totals.accepted,
-                list(totals.accepted_per_pos),
-                dict(totals.finished),
-            )
-        prompt, generation, drafts, drafted, accepted, per_pos, finished = snapshot
-        labels = f'model_name="{_escape(self.model_name)}",engine="0"'
+            prompt, generation = totals.prompt, totals.generation
+            drafts, drafted, accepted = totals.drafts, totals.drafted, totals.accepted
+            per_pos, finished = list(totals.accepted_per_pos), dict(totals.finished)
+            gauges = dict(self._gauges)
+        rel = self.release
         out: list[str] = []
 
-        def metric(name: str, kind: str, help_text: str, rows: list[tuple[str, float]]) -> None:
-            out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} {kind}")
+        def metric(name: str, kind: str, help_text: str, labels: str,
+                   rows: list[tuple[str, float]]) -> None:
+            exposed = rel.metric(name)
+            if exposed is None:
+                return  # a metric this release does not have
+            out.append(f"# HELP {exposed} {help_text}")
+            out.append(f"# TYPE {exposed} {kind}")
             for extra, value in rows:
-                out.append(f"{name}{{{labels}{extra}}} {float(value)!r}")
+                out.append(f"{exposed}{{{labels}{extra}}} {float(value)!r}")
 
-        metric(
-            "vllm:num_requests_running",
-            "gauge",
-            "Number of requests in model execution batches.",
-            [("", running)],
-        )
-        metric(
-            "vllm:num_requests_waiting",
-            "gauge",
-            "Number of requests waiting to be processed.",
-            [("", 0)],
-        )
-        metric(
-            "vllm:kv_cache_usage_perc",
-            "gauge",
-            "KV-cache usage. 1 means 100 percent usage.",
-            [("", self._kv_fraction())],
-        )
-        metric(
-            "vllm:prompt_tokens_total",
-            "counter",
-            "Number of prefill tokens processed.",
-            [("", prompt)],
-        )
-        metric(
-            "vllm:generation_tokens_total",
-            "counter",
-            "Number of generation tokens processed.",
-            [("", generation)],
-        )
-        metric(
-            "vllm:request_success_total",
-            "counter",
-            "Count of successfully processed requests.",
-            [(f',finished_reason="{reason}"', n) for reason, n in sorted(finished.items())],
-        )
+        name = _escape(self.model_name)
+        if self.engine == "sglang":
+            # Scheduler gauges carry the scheduler's labels, token counters the tokenizer
+            # manager's (0.5.23 adds is_streaming to them, as its table says).
+            sched = f'model_name="{name}",engine_type="unified",tp_rank="0",pp_rank="0"'
+            counter_labels = f'model_name="{name}"'
+            entry = (rel.table.get("metrics") or {}).get("sglang:prompt_tokens_total") or {}
+            if "is_streaming" in str(entry.get("labelnames_source", "")):
+                counter_labels += ',is_streaming="true"'
+            metric("sglang:num_running_reqs", "gauge", "The number of running requests.", sched,
+                   [("", running)])
+            metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+                   sched, [("", 0)])
+            metric("sglang:token_usage", "gauge", "The token usage.", sched, [("", self._kv_fraction())])
+            metric("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", sched,
+                   [("", gauges["gen_throughput"])])
+            if self.k:
+                metric("sglang:spec_accept_length", "gauge", "The average acceptance length of "
+                       "speculative decoding.", sched, [("", gauges["spec_accept_length"])])
+                metric("sglang:spec_accept_rate", "gauge", "The average acceptance rate of "
+                       "speculative decoding.", sched, [("", gauges["spec_accept_rate"])])
+            metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                   counter_labels, [("", prompt)])
+            metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                   counter_labels, [("", generation)])
+            metric("sglang:num_requests_total", "counter", "Number of requests processed.",
+                   counter_labels, [("", sum(finished.values()))])
+            return "\n".join(out) + "\n"
+
+        labels = f'model_name="{name}",engine="0"'
+        metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+               labels, [("", running)])
+        metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+               labels, [("", 0)])
+        metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+               labels, [("", self._kv_fraction())])
+        metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", labels,
+               [("", prompt)])
+        metric("vllm:generation_tokens", "counter", "Number of generation tokens processed.", labels,
+               [("", generation)])
+        metric("vllm:request_success", "counter", "Count of successfully processed requests.", labels,
+               [(f',finished_reason="{reason}"', n) for reason, n in sorted(finished.items())])
         if self.k:
-            metric(
-                "vllm:spec_decode_num_drafts_total",
-                "counter",
-                "Number of spec decoding drafts.",
-                [("", drafts)],
-            )
-            metric(
-                "vllm:spec_decode_num_draft_tokens_total",
-                "counter",
-                "Number of draft tokens.",
-                [("", drafted)],
-            )
-            metric(
-                "vllm:spec_decode_num_accepted_tokens_total",
-                "counter",
-                "Number of accepted tokens.",
-                [("", accepted)],
-            )
-            metric(
-                "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-                "counter",
-                "Accepted tokens per draft position.",
-                [(f',position="{pos}"', n) for pos, n in enumerate(per_pos)],
-            )
+            # One draft per step that drafted: the denominator of acceptance per draft.
+            metric("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.", labels,
+                   [("", drafts)])
+            metric("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.", labels,
+                   [("", drafted)])
+            metric("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.",
+                   labels, [("", accepted)])
+            metric("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
+                   "Accepted tokens per draft position.", labels,
+                   [(f',position="{pos}"', n) for pos, n in enumerate(per_pos)])
         return "\n".join(out) + "\n"
 
 

@@ -105,7 +105,9 @@ def test_a_kv_budget_fault_fails_startup_at_kv_allocation(make_lab: Callable[...
     procs = launch(lab, out_of_box())
     assert wait_exit(procs[0]) == 1
     text = procs[0].log_path.read_text()
-    assert "ValueError: not enough memory for KV cache" in text
+    assert re.search(r"ValueError: To serve at least one request with the model's max seq len \(\d+\), "
+                     r"\([\d.]+ GiB KV cache is needed, which is larger than the available KV cache "
+                     r"memory", text)
     assert "Traceback (most recent call last):" in text
     assert "Graph capturing" not in text
     assert lab.head.status()["exit_code"] == 1

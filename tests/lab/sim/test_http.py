@@ -233,7 +233,8 @@ def test_health_models_and_version_answer(start: Callable[..., Started]) -> None
     models = s.client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert models["data"][0]["max_model_len"] == 262144
-    assert s.client.get("/version").json() == {"version": "0.29.1"}
+    assert s.client.get("/version").json() == {"version": s.engine.version}
+    assert s.engine.core.release.version == "0.34.0"
     assert s.engine.url.startswith("http://127.0.0.1:")
 
 
@@ -654,14 +655,18 @@ def test_busy_time_accounting_leaves_idle_out_of_the_rate(start: Callable[..., S
 def test_sglang_engine_logs_in_sglang_wording(start: Callable[..., Started]) -> None:
     s = start(engine="sglang", dilation=200.0, serving={"log_interval_s": 2.0})
     run_one(s, tokens=400)
-    wait_until(lambda: any(line.startswith("Decode batch.") for line in s.logs))
-    assert any(line.startswith("Prefill batch. #new-seq: 1, #new-token: ") for line in s.logs)
-    decode = next(line for line in s.logs if line.startswith("Decode batch."))
+    wait_until(lambda: any(line.startswith("Decode batch,") for line in s.logs))
+    assert any(line.startswith("Prefill batch, #new-seq: 1, #new-token: ") for line in s.logs)
+    decode = next(line for line in s.logs if line.startswith("Decode batch,"))
+    # SGLang 0.5.23's format strings (scheduler_components/metrics_reporter.py).
     assert re.fullmatch(
-        r"Decode batch\. #running-req: \d+, #token: \d+, token usage: [\d.]+, accept len: [\d.]+, "
-        r"gen throughput \(token/s\): [\d.]+, #queue-req: 0",
+        r"Decode batch, #running-req: \d+, #token: \d+, token usage: [\d.]+, accept len: [\d.]+, "
+        r"accept rate: [\d.]+, cuda graph: True, gen throughput \(token/s\): [\d.]+, #queue-req: 0",
         decode,
     )
+    # One line per 40 decode steps, not on a clock.
+    steps = len(s.engine.core.history()[-1].steps) - 1
+    assert sum(line.startswith("Decode batch,") for line in s.logs) == steps // 40
     assert not any(line.startswith("Engine 000") for line in s.logs)
 
 
@@ -683,7 +688,6 @@ def test_disconnect_aborts_the_request_by_default(start: Callable[..., Started])
     wait_until(lambda: s.engine.core.running() == 0)
     record = s.engine.core.history()[-1]
     assert record.outcome == "aborted" and record.generated < 3000
-    assert f"Aborted request {record.request_id}." in s.logs
     text = s.client.get("/metrics").text
     assert metric(text, "vllm:request_success_total", finished_reason="abort") == 1
     assert metric(text, "vllm:generation_tokens_total") == record.generated

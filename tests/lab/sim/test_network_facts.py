@@ -57,8 +57,14 @@ def cold_start(lab: SimLab, config: dict[str, Any]) -> EngineProcess:
 
 
 def late_nodes(lab: SimLab) -> list[str]:
-    return sorted(n.name for n in lab.nodes.values()
-                  if "The client socket has failed to connect" in n.processes[-1].log_path.read_text())
+    """The node the others waited for: its own rendezvous phase was the stalled one."""
+    out = []
+    for node in lab.nodes.values():
+        proc = node.processes[-1]
+        if proc.group is not None and proc.rank == proc.group.late_rank and any(
+                p.name == "rendezvous_wait" and p.seconds >= STALL_S for p in proc.phases):
+            out.append(node.name)
+    return sorted(out)
 
 
 # -- the naming rule and the scenario's default ------------------------------------------------

@@ -63,7 +63,7 @@ def test_facts_describe_a_gb10_node(sim_lab: SimLab) -> None:
     assert {n["name"]: n["speed_mbps"] for n in facts["nics"]} == {
         "enP7s7": 10000, "enp1s0f0np0": 100000, "enP2p1s0f0np0": 100000}
     assert facts["model_dir"]["exists"] is True and facts["model_dir"]["free_bytes"] > 0
-    assert facts["engines"] == {"vllm": "0.29.1", "sglang": "0.5.6"}
+    assert facts["engines"] == {"vllm": "0.34.0", "sglang": "0.5.23"}
     assert abs(facts["time"] - sim_lab.clock.now()) < 60
 
 

@@ -25,7 +25,7 @@ def error_of(data: dict[str, Any]) -> ScenarioError:
 def test_the_reference_scenario_reads_as_lab_model_section_8_says() -> None:
     s = load_scenario(scenario_path("reference-kimi-k2-8spark"))
     assert (s.name, s.seed, s.dilation, s.nodes) == ("reference-kimi-k2-8spark", 7, 30.0, 8)
-    assert s.engine == {"name": "vllm", "version": "0.29.1"}
+    assert s.engine == {"name": "vllm", "version": "0.34.0"}
     assert s.truth["load"]["rendezvous"] == {
         "needs": {"NCCL_SOCKET_IFNAME": "enP7s7", "NCCL_IB_HCA": "rocep1s0f0,roceP2p1s0f0"},
         "stall_s": 60.0,

@@ -5,6 +5,7 @@
     python -m lab stop --inventory FILE
     python -m lab parse-log --engine vllm|sglang FILE
     python -m lab sim serve --scenario FILE --state-dir DIR
+    python -m lab sim catalog --scenario FILE
 
 Every failure prints one line on stderr saying what went wrong and exits non-zero.
 """
@@ -51,6 +52,8 @@ def _build_parser() -> argparse.ArgumentParser:
     serve = simsub.add_parser("serve", help="run the simulated lab on loopback until stopped")
     serve.add_argument("--scenario", required=True, type=Path)
     serve.add_argument("--state-dir", required=True, type=Path)
+    cat = simsub.add_parser("catalog", help="the catalog (JSON) the simulated lab writes for its scenario")
+    cat.add_argument("--scenario", required=True, type=Path)
     return p
 
 
@@ -112,6 +115,17 @@ def _cmd_parse_log(args: argparse.Namespace) -> int:
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
+    if args.sim_command == "catalog":
+        # What a simulated lab that is not serving yet will hold: the catalog it writes
+        # beside its inventory when it starts (the platform asks here, not in lab.sim).
+        from lab.sim.lab import scenario_catalog
+        from lab.sim.scenario import ScenarioError, load_scenario
+
+        try:
+            _print(scenario_catalog(load_scenario(args.scenario)).as_data())
+        except (ScenarioError, OSError, ValueError) as exc:
+            raise _Fail(f"--scenario {args.scenario}: {exc}") from exc
+        return 0
     from lab.sim.cli import serve
 
     return serve(args.scenario, args.state_dir)

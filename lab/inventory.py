@@ -1,7 +1,10 @@
-"""The lab inventory: which nodes exist, how to reach them, and the lab's clock.
+"""The lab inventory: which nodes exist, how to reach them, the lab's clock, and its catalog.
 
 One YAML file (`lab.inventory/1`, see docs/lab-contracts.md) describes a lab, real or
-simulated. Validation errors name the field and what would be accepted.
+simulated. It names the lab's catalog (`catalog: catalog.yaml`, relative to the inventory
+file): the models the lab holds (lab.catalog). A real lab keeps the two side by side
+(examples/lab/); a simulated lab writes both. Validation errors name the field and what
+would be accepted.
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ from typing import Any
 
 import yaml
 
+from lab.catalog import Catalog, CatalogError, load_catalog
+
 SCHEMA = "lab.inventory/1"
 
 NODE_FIELDS = {
     "name", "host", "port", "user", "key_file", "role", "mgmt_nic", "data_nics",
     "data_addr", "model_dir", "cache_dir", "work_dir", "api_port", "python",
 }
-TOP_FIELDS = {"schema", "name", "time_dilation", "time_origin", "known_hosts", "defaults", "nodes"}
+TOP_FIELDS = {"schema", "name", "time_dilation", "time_origin", "known_hosts", "catalog", "defaults", "nodes"}
 ROLES = ("head", "worker")
 
 DEFAULTS: dict[str, Any] = {
@@ -77,6 +82,22 @@ class Inventory:
     known_hosts: Path
     time_dilation: float
     time_origin: float
+    # The lab's catalog file (`catalog:`), resolved against the inventory's folder.
+    catalog_file: Path | None = None
+
+    @property
+    def catalog(self) -> Catalog:
+        """The lab's catalog: the models this lab holds. An inventory that names none has
+        none; it never stands in for another lab's (InventoryError says what to add)."""
+        if self.catalog_file is None:
+            raise InventoryError(
+                f"catalog: inventory {self.name!r} names no catalog; a lab keeps its catalog "
+                "(lab.catalog/1: the models in its models directory) beside its inventory and "
+                "names it there, e.g. `catalog: catalog.yaml` (see examples/lab/)")
+        try:
+            return load_catalog(self.catalog_file)
+        except CatalogError as exc:
+            raise InventoryError(f"catalog: {exc}") from exc
 
     @property
     def head(self) -> Node:
@@ -172,6 +193,15 @@ def parse_inventory(data: Any, *, base: Path, path: Path | None = None) -> Inven
     kh = Path(_str(data.get("known_hosts", "known_hosts"), "known_hosts")).expanduser()
     if not kh.is_absolute():
         kh = base / kh
+    catalog_file = None
+    if data.get("catalog") is not None:
+        catalog_file = Path(_str(data["catalog"], "catalog")).expanduser()
+        if not catalog_file.is_absolute():
+            catalog_file = base / catalog_file
+        try:
+            load_catalog(catalog_file)  # a lab whose catalog cannot be read is refused now
+        except CatalogError as exc:
+            raise InventoryError(f"catalog: {exc}") from exc
     return Inventory(
         name=_str(data.get("name", "lab"), "name"),
         path=path,
@@ -179,6 +209,7 @@ def parse_inventory(data: Any, *, base: Path, path: Path | None = None) -> Inven
         known_hosts=kh,
         time_dilation=_number(data.get("time_dilation", 1), "time_dilation", positive=True),
         time_origin=_number(data.get("time_origin", 0), "time_origin", positive=False),
+        catalog_file=catalog_file,
     )
 
 

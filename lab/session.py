@@ -454,8 +454,11 @@ class LabSession:
 
         nodes = self.nodes_for(config)
         # The customer's model path names a model of the lab's catalog (render admits it
-        # first); on this lab its weights live in the inventory's model directory.
-        specs = [shown_spec(spec) for spec in render(config, nodes, model_dir=nodes[0].model_dir)]
+        # against that catalog first); on this lab its weights live at the catalog's path.
+        catalog = self.inventory.catalog
+        served = catalog.served(config)
+        model_dir = served.path if served is not None else nodes[0].model_dir
+        specs = [shown_spec(spec) for spec in render(config, nodes, model_dir=model_dir, catalog=catalog)]
         if self.owner:
             specs = [{**spec, "owner": dict(self.owner)} for spec in specs]
         return specs

@@ -22,6 +22,7 @@ from diagnostic.jobs.faults import DATABASE_CONNECTION_ERRORS, reset_connection
 from diagnostic.jobs.labaccess import LabAccess
 from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.pipelines.changes import apply_changes
+from lab.catalog import Catalog
 from lab.session import LabSession
 
 # The stage log keeps its beginning and its end when it grows beyond this; the middle of
@@ -109,7 +110,9 @@ class StageContext:
         stages of this job proved (their results' `config_changes`) applied in stage order, so
         that a later pipeline starts from what the earlier ones fixed and restarts are cheap."""
         changes = self.earlier_changes()
-        return apply_changes(self.customer_config, changes) if changes else self.customer_config
+        if not changes:
+            return self.customer_config
+        return apply_changes(self.customer_config, changes, catalog=self.catalog)
 
     def earlier_changes(self) -> list[dict[str, Any]]:
         """The proved configuration changes of the stages before this one that succeeded."""
@@ -121,6 +124,13 @@ class StageContext:
             if isinstance(result, dict):
                 changes.extend(c for c in result.get("config_changes") or [] if isinstance(c, dict))
         return changes
+
+    @property
+    def catalog(self) -> Catalog:
+        """The catalog of the job's lab (the models it holds, with their profiles): what the
+        job's configurations are admitted and rendered by, and where the model's sizes come
+        from (the roofline, the memory checks)."""
+        return self.access.catalog
 
     @property
     def budget_lab_s(self) -> float:

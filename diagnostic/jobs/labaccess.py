@@ -1,5 +1,6 @@
-"""Reaching a job's lab: the default way to open a lab session for a Lab row, and the
-lazy holder that opens it only when a stage first needs it."""
+"""Reaching a job's lab: the default way to open a lab session for a Lab row, the lazy
+holder that opens it only when a stage first needs it, and the lab's catalog (the models
+it holds, lab.catalog), by which the job's configurations are admitted and rendered."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 
+from diagnostic.bookings.configs import lab_catalog
 from diagnostic.bookings.models import Lab
+from lab.catalog import Catalog, CatalogError
 from lab.session import LabError, LabSession
 
 # How the orchestrator reaches a lab: given the Lab row, a context manager yielding an
@@ -17,6 +20,19 @@ SessionFactory = Callable[[Lab], AbstractContextManager[LabSession]]
 
 class LabNotServing(LabError):
     """A simulated lab the job needs is not running."""
+
+
+class LabCatalogUnknown(LabError):
+    """The lab's catalog cannot be read: the lab's fault, never the customer's."""
+
+
+def job_lab_catalog(lab: Lab) -> Catalog:
+    """The catalog of a job's lab (bookings.configs.lab_catalog); LabCatalogUnknown when it
+    cannot be known, which holds the day as any other lab fault."""
+    try:
+        return lab_catalog(lab)
+    except CatalogError as exc:
+        raise LabCatalogUnknown(str(exc)) from exc
 
 
 @contextmanager
@@ -50,6 +66,15 @@ class LabAccess:
         self._checked = False
         self._stack = ExitStack()
         self._session: LabSession | None = None
+        self._catalog: Catalog | None = None
+
+    @property
+    def catalog(self) -> Catalog:
+        """The lab's catalog (read once per job attempt): what the lab holds, by which the
+        job admits and renders its configurations and finds its model's profile."""
+        if self._catalog is None:
+            self._catalog = job_lab_catalog(self._lab)
+        return self._catalog
 
     @property
     def opened(self) -> bool:

@@ -7,6 +7,11 @@ finding: each told once with the nodes it holds on. A blocking one (a node the
 configuration needs does not answer, no GPU, no model directory) is a lab fault that
 holds the day (orchestration); the others (a slow link, a skewed clock, memory in use,
 another engine version) are kept in the result for the staff's job page.
+
+The model's memory (its weights' share of a node and the KV cache its context needs, from
+the profile of its entry in the lab's catalog) is checked against what the engine may take
+of a node's memory, and kept in the result with its figures; a model whose profile lacks
+a figure is not guessed at, and the check says which it lacks.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 from diagnostic.jobs.context import StageContext, StopJob
 from diagnostic.jobs.faults import LabFault
+from lab.catalog import Catalog
 from lab.inventory import Node
 from lab.session import NodeUnreachable
 
@@ -90,6 +96,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         checks.extend(_check_node(conditions, node, node_facts, config))
 
     checks.append(_check_clocks(conditions, reachable, collect_lab_s))
+    memory = model_memory_check(config, ctx.catalog, [reachable[n.name] for n in used if n.name in reachable])
+    ctx.log(f"model memory: {memory['summary']}")
+    checks.append(memory)
 
     summary = {
         name: {
@@ -245,6 +254,43 @@ def _check_node(
             {"engine": engine["name"], "installed": installed, "wanted": engine["version"]},
         )
     return checks
+
+
+def model_memory_check(
+    config: dict[str, Any], catalog: Catalog, facts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Whether the model fits the nodes it runs on: its checkpoint's share of a node plus
+    the KV cache of one max_model_len request, against gpu_memory_utilization of the
+    smallest node's memory. The sizes are the profile's in the lab's catalog; `ok` is None,
+    and `summary` says why, where a figure is missing."""
+    parallel = config["parallel"]
+    nodes = int(parallel["tp"]) * int(parallel["pp"])
+    serving = config["serving"]
+    entry = catalog.served(config)
+    profile = entry.profile if entry is not None else None
+    out: dict[str, Any] = {"check": "model_memory", "ok": None, "catalog_version": catalog.version,
+                           "model": entry.id if entry is not None else config["model"]["id"]}
+    lacking = (["profile"] if profile is None
+               else profile.missing("checkpoint_gb", "kv_bytes_per_token"))
+    totals = [int(f.get("mem_total_kib") or 0) for f in facts]
+    if not lacking and (not totals or min(totals) <= 0):
+        lacking = ["the nodes' memory (mem_total_kib)"]
+    if lacking or profile is None or profile.checkpoint_gb is None or profile.kv_bytes_per_token is None:
+        out["summary"] = (f"not checked: the lab's catalog (version {catalog.version}) gives no "
+                          f"{', '.join(lacking)} for {out['model']}")
+        return out
+    dtype = "fp8" if serving["kv_cache_dtype"] == "fp8" else "bf16"
+    weights_gb = profile.checkpoint_gb / nodes
+    kv_gb = profile.kv_bytes_per_token[dtype] * int(serving["max_model_len"]) / 1e9
+    budget_gb = float(serving["gpu_memory_utilization"]) * min(totals) * 1024 / 1e9
+    ok = weights_gb + kv_gb <= budget_gb
+    out.update({"ok": ok, "weights_per_node_gb": round(weights_gb, 2), "kv_gb": round(kv_gb, 2),
+                "kv_cache_dtype": dtype, "budget_gb": round(budget_gb, 2), "nodes": nodes})
+    out["summary"] = (f"{out['model']}: {weights_gb:.1f} GB of weights a node on {nodes} nodes + "
+                      f"{kv_gb:.1f} GB of {dtype} KV for {serving['max_model_len']} tokens "
+                      f"{'fits' if ok else 'exceeds'} {budget_gb:.1f} GB "
+                      f"(gpu_memory_utilization {serving['gpu_memory_utilization']} of the node's memory)")
+    return out
 
 
 def _check_clocks(

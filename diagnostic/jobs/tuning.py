@@ -6,7 +6,8 @@ naming the finding that justifies it, and they compose in stage order
 (diagnostic/pipelines/changes.py). From the composed configuration come
 `tuned-config.yaml` (diagnostic.config/1), `tuned-command.txt` (the head node's launch
 command in the engine's own syntax, with its environment) and `tuned.diff` against what
-the customer submitted.
+the customer submitted. All are admitted and rendered by the catalog of the job's lab
+(lab.catalog): the files the command names are those that lab holds.
 
 A customer's API key (or other secret) was never kept (lab.config, "secrets"): the tuned
 configuration keeps their flag or variable with the masked value (`••••` and at most the
@@ -23,8 +24,10 @@ from typing import Any
 
 import yaml
 
+from diagnostic.jobs.labaccess import job_lab_catalog
 from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.pipelines.changes import apply_changes
+from lab.catalog import Catalog
 from lab.config import SECRET_MASK, argv_secrets, mask_config, secret_env_name
 from lab.engines import normalize_config, render
 from lab.inventory import Node
@@ -72,15 +75,16 @@ def secret_notes(config: dict[str, Any]) -> list[str]:
             f"({SECRET_MASK} and at most its last four characters)." for name, value in named]
 
 
-def command_text(config: dict[str, Any]) -> str:
+def command_text(config: dict[str, Any], *, catalog: Catalog | None = None) -> str:
     """The head node's launch command for `config`, with its environment as NAME=value
-    prefixes, one flag pair a line; the workers' differ only as the comment says."""
+    prefixes, one flag pair a line; the workers' differ only as the comment says. `catalog`:
+    the job's lab's, whose files the command names."""
     config = mask_config(config)
     head = _customer_node(config)
     nodes = [head] + [
         replace(head, name=f"worker-{i}", role="worker") for i in range(1, int(config["cluster"]["nodes"]))
     ]
-    specs = render(config, nodes)
+    specs = render(config, nodes, catalog=catalog)
     spec = specs[0]
     lines = [
         f"# {config['engine']['name']} {config['engine']['version']}: the head node's command (rank 0).",
@@ -120,10 +124,10 @@ def config_yaml(config: dict[str, Any], changes: list[dict[str, Any]] | None = N
     return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
-def config_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+def config_diff(before: dict[str, Any], after: dict[str, Any], *, catalog: Catalog | None = None) -> str:
     # Both sides in the normalizer's field order: a configuration read back from PostgreSQL
     # (jsonb keeps its own key order) would otherwise differ on every line.
-    before = mask_config(normalize_config(before))
+    before = mask_config(normalize_config(before, catalog=catalog))
     after = mask_config(after)
     a = yaml.safe_dump(before, sort_keys=False, allow_unicode=True).splitlines(keepends=True)
     b = yaml.safe_dump(after, sort_keys=False, allow_unicode=True).splitlines(keepends=True)
@@ -138,12 +142,13 @@ def tuned_section(job: DiagnosticJob) -> dict[str, Any] | None:
         return None
     # Stored masked since intake; masked again for a configuration stored before that.
     customer = mask_config(job.config.normalized)
-    tuned = mask_config(apply_changes(customer, changes))
+    catalog = job_lab_catalog(job.lab)
+    tuned = mask_config(apply_changes(customer, changes, catalog=catalog))
     return {
         "config": tuned,
         "changes": changes,
-        "command": command_text(tuned),
-        "diff": config_diff(customer, tuned),
+        "command": command_text(tuned, catalog=catalog),
+        "diff": config_diff(customer, tuned, catalog=catalog),
     }
 
 

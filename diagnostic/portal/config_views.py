@@ -28,6 +28,7 @@ from diagnostic.portal.submission import (
     Source,
     Submission,
     SubmissionError,
+    booked_catalog,
     from_command,
     from_form,
     from_yaml,
@@ -36,6 +37,7 @@ from diagnostic.portal.submission import (
     normalized_yaml,
     yaml_text_from_upload,
 )
+from lab.catalog import Catalog
 from lab.config import JIT_CACHES, KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, SPEC_METHODS, mask_text
 
 CHOICES = {
@@ -57,17 +59,18 @@ def _kept(request: HttpRequest) -> dict[str, str]:
     return {name: request.POST.get(name, "") for name in KEPT_INPUTS if name in request.POST}
 
 
-def _submission(request: HttpRequest, values: dict[str, str]) -> Submission:
+def _submission(request: HttpRequest, values: dict[str, str], catalog: Catalog) -> Submission:
+    """The submission checked against the booked lab's catalog (what that lab holds)."""
     source = values.get("source", "")
     if source == Source.YAML:
         upload = request.FILES.get("yaml_file")
         if upload is not None and upload.size:
             values["yaml_text"] = yaml_text_from_upload(upload.read(64 * 1024 + 1))
-        return from_yaml(values.get("yaml_text", ""))
+        return from_yaml(values.get("yaml_text", ""), catalog=catalog)
     if source == Source.COMMAND:
-        return from_command(values.get("command", ""))
+        return from_command(values.get("command", ""), catalog=catalog)
     if source == Source.FORM:
-        return from_form(values)
+        return from_form(values, catalog=catalog)
     raise SubmissionError({NON_FIELD: ["choose how to give the configuration: form, YAML or command"]})
 
 
@@ -140,11 +143,11 @@ def _initial(waiting: Any) -> dict[str, str]:
     return {**values, "source": Source.YAML, "yaml_text": text}
 
 
-def _masked_values(values: dict[str, str], submission: Submission) -> dict[str, str]:
+def _masked_values(values: dict[str, str], submission: Submission, catalog: Catalog) -> dict[str, str]:
     """The page's inputs with no secret in them: the configuration's own text as intake
     keeps it (masked_submission), every other input through mask_text."""
     masked = {name: mask_text(value) for name, value in values.items()}
-    kept, _ = masked_submission(submission.raw_text, submission.source)
+    kept, _ = masked_submission(submission.raw_text, submission.source, catalog=catalog)
     if submission.source == Source.COMMAND:
         masked["command"] = kept
     elif submission.source == Source.YAML:
@@ -191,7 +194,8 @@ def booking_config(request: HttpRequest, booking_id: str) -> HttpResponse:
     if action == "edit":
         return _page(request, booking, values, {})
     try:
-        submission = _submission(request, values)
+        catalog = booked_catalog(booking.lab_day.lab)
+        submission = _submission(request, values, catalog)
         _fits_the_lab(submission, booking)
     except SubmissionError as exc:
         return _page(request, booking, values, exc.errors, status=400)
@@ -201,7 +205,7 @@ def booking_config(request: HttpRequest, booking_id: str) -> HttpResponse:
         "booking": booking,
         # What the confirm button sends back: the submission with every secret masked, as
         # it will be stored (the lab's engine gets a key of the platform's own).
-        "values": _masked_values(values, submission),
+        "values": _masked_values(values, submission, catalog),
         "normalized_yaml": normalized_yaml(submission.normalized),
         "launch_command": launch_preview(submission.normalized, booking.lab_day.lab),
     }

@@ -5,6 +5,9 @@ the preview of what the lab will launch.
 Validation is lab.config's and the engines' own (through bookings.configs); this module
 only turns each input into their terms and their errors back into the input field they
 concern, keeping the dotted configuration field or the unparsed token in the message.
+Each input is admitted by the catalog of the booked lab (`catalog`, from
+bookings.configs.booking_catalog): a lab holding another model admits that model, and
+refuses one it does not hold with the list of what it holds.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Any
 import yaml
 from django.core.exceptions import ValidationError
 
-from diagnostic.bookings.configs import form_text, normalize_submission, text_control_problem
+from diagnostic.bookings.configs import form_text, lab_catalog, normalize_submission, text_control_problem
 from diagnostic.bookings.models import ClusterConfiguration, Lab
+from lab.catalog import Catalog, CatalogError
 from lab.config import ConfigError
 from lab.engines import render
 from lab.inventory import Node
@@ -160,11 +164,22 @@ def _config_error(exc: BaseException) -> ConfigError | None:
     return cause if isinstance(cause, ConfigError) else None
 
 
-def check(source: str, raw_text: str, *, target: str) -> Submission:
-    """Validate one submission; SubmissionError puts each message on `target` (the input
-    that holds the text), or for the structured form on the input of the field at fault."""
+def booked_catalog(lab: Lab) -> Catalog:
+    """The catalog a booking's submissions are admitted by: its lab's (lab_catalog), or a
+    SubmissionError on the whole submission when the lab's catalog cannot be known."""
     try:
-        normalized = normalize_submission(raw_text, source)
+        return lab_catalog(lab)
+    except CatalogError as exc:
+        raise SubmissionError({NON_FIELD: [f"the lab cannot admit a configuration now: {exc}; "
+                                           "tell us and we will fix it"]}) from exc
+
+
+def check(source: str, raw_text: str, *, target: str, catalog: Catalog | None = None) -> Submission:
+    """Validate one submission against the lab's `catalog`; SubmissionError puts each message
+    on `target` (the input that holds the text), or for the structured form on the input of
+    the field at fault."""
+    try:
+        normalized = normalize_submission(raw_text, source, catalog=catalog)
     except ValidationError as exc:
         culprit = _config_error(exc)
         where = target
@@ -180,12 +195,12 @@ def check(source: str, raw_text: str, *, target: str) -> Submission:
     return Submission(source=source, raw_text=raw_text, normalized=normalized)
 
 
-def from_form(data: Mapping[str, Any]) -> Submission:
+def from_form(data: Mapping[str, Any], *, catalog: Catalog | None = None) -> Submission:
     try:
         document = structured_fields(data)
     except ConfigError as exc:
         raise SubmissionError({_form_input_for(exc.field): [str(exc)]}) from exc
-    return check(Source.FORM, form_text(document), target=NON_FIELD)
+    return check(Source.FORM, form_text(document), target=NON_FIELD, catalog=catalog)
 
 
 def yaml_text_from_upload(content: bytes) -> str:
@@ -206,18 +221,18 @@ def yaml_text_from_upload(content: bytes) -> str:
     return text
 
 
-def from_yaml(text: str) -> Submission:
+def from_yaml(text: str, *, catalog: Catalog | None = None) -> Submission:
     if not text.strip():
         raise SubmissionError({"yaml_text": ["file: is empty; upload or paste a diagnostic.config/1 file"]})
     if len(text.encode("utf-8", errors="replace")) > YAML_MAX_BYTES:
         raise SubmissionError({"yaml_text": [f"file: is larger than the {YAML_MAX_BYTES}-byte limit"]})
-    return check(Source.YAML, text, target="yaml_text")
+    return check(Source.YAML, text, target="yaml_text", catalog=catalog)
 
 
-def from_command(text: str) -> Submission:
+def from_command(text: str, *, catalog: Catalog | None = None) -> Submission:
     if len(text) > COMMAND_MAX_CHARS:
         raise SubmissionError({"command": [f"launch_command: is longer than {COMMAND_MAX_CHARS} characters"]})
-    return check(Source.COMMAND, text, target="command")
+    return check(Source.COMMAND, text, target="command", catalog=catalog)
 
 
 # -- the preview -------------------------------------------------------------------------
@@ -248,10 +263,12 @@ def _placeholder_nodes(count: int) -> list[Node]:
 def launch_preview(normalized: Mapping[str, Any], lab: Lab | None = None) -> str:
     """The head node's launch command the lab will reproduce this configuration with, as
     the customer would write it on their own nodes: node addresses and ports are stand-ins,
-    never the lab's (its inventory's hosts, data addresses and API port stay internal)."""
+    never the lab's (its inventory's hosts, data addresses and API port stay internal). The
+    files it names are those the lab's catalog holds (`lab`'s; the reference lab's without)."""
     wanted = int(normalized["parallel"]["tp"]) * int(normalized["parallel"]["pp"])
     nodes = _placeholder_nodes(max(wanted, int(normalized["cluster"]["nodes"])))
-    head = render(normalized, nodes)[0]
+    catalog = lab_catalog(lab) if lab is not None else None
+    head = render(normalized, nodes, catalog=catalog)[0]
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(head["env"].items()))
     command = shlex.join(head["argv"])
     return f"{env} {command}".strip()

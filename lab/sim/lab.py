@@ -4,11 +4,17 @@
 inventory (`lab.inventory/1`, with the lab's time dilation and origin), a known_hosts
 file with every node's own host key, and a client key every node accepts -- and runs
 one loopback SSH server per node over the node's sandbox. Each node's model directory
-holds a real tokenizer.json, a config.json and a safetensors index (no weights).
+holds a real tokenizer.json, a config.json and a safetensors index (no weights); each
+draft's directory a config.json.
+
+The lab's catalog (`lab.catalog/1`, LAB_MODEL.md section 10) is written beside the
+inventory, which names it: the scenario's model (its id, path, whether its code needs
+review, its drafts) with its section 2 profile, and nothing else. `scenario_catalog`
+builds it from the scenario alone, so what a lab will hold is known before it serves.
 
 State folder layout:
 
-    inventory.yaml  known_hosts  id_ed25519(.pub)  agent-calls.log
+    inventory.yaml  catalog.yaml  known_hosts  id_ed25519(.pub)  agent-calls.log
     hostkeys/<node>_ed25519      nodes/<node>/root/...
 
 The trained tokenizer is cached once per machine (lab.sim.tokenizer.default_cache_dir).
@@ -17,8 +23,10 @@ The trained tokenizer is cached once per machine (lab.sim.tokenizer.default_cach
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import posixpath
 import shutil
 import socket
 import time
@@ -31,6 +39,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from lab.catalog import SCHEMA as CATALOG_SCHEMA
+from lab.catalog import Catalog, parse_catalog
 from lab.clock import LabClock
 from lab.sim.engine import SHARDS, RendezvousHub
 from lab.sim.node import LabContext, NodePaths, SimNode
@@ -38,8 +48,21 @@ from lab.sim.scenario import Scenario, load_scenario
 from lab.sim.sshd import NodeSSHServer
 
 WORK_DIR = "/var/lib/diag"
-MODEL_DIR = "/models/kimi-k2"
+MODELS_DIR = "/models"
 CACHE_DIR = "/var/cache/diag"
+# The built-in kimi-k2 profile's identity in the lab (LAB_MODEL.md section 10), for a
+# scenario.model that does not carry it (lab.sim.scenario adds these fields to `model`).
+KIMI_K2_IDENTITY: dict[str, Any] = {
+    "id": "moonshotai/Kimi-K2-Instruct-0905",
+    "path": "/models/kimi-k2",
+    "remote_code": True,
+    "drafts": [{"id": "AQ-MedAI/Kimi-K2-Instruct-eagle3", "path": "/models/kimi-k2-eagle3",
+                "method": "eagle3"}],
+}
+# The catalog profile's fields, as LAB_MODEL.md section 2 names them.
+PROFILE_KEYS = ("total_params_b", "active_params_b", "layers", "experts", "experts_per_token",
+                "shared_experts", "hidden", "vocab", "max_context", "kv_bytes_per_token",
+                "checkpoint_gb", "decode_bytes_per_token_gb", "mtp_heads")
 
 
 def write_ed25519_key(path: Path) -> paramiko.Ed25519Key:
@@ -64,11 +87,44 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def model_identity(model: dict[str, Any]) -> dict[str, Any]:
+    """{id, path, remote_code, drafts} of a scenario's model: its own fields where the
+    scenario gives them, the built-in identity for the kimi-k2 profile otherwise. A model
+    of another profile must name at least its id and path."""
+    named = {key: model[key] for key in ("id", "path", "remote_code", "drafts") if model.get(key) is not None}
+    if "id" in named and "path" in named:
+        return {"remote_code": False, "drafts": [], **named}
+    if model.get("name", "kimi-k2") == "kimi-k2" and "id" not in named:
+        return {**KIMI_K2_IDENTITY, **named}
+    missing = [key for key in ("id", "path") if key not in named]
+    raise ValueError(f"model {model.get('name')!r}: a model other than the built-in kimi-k2 names its "
+                     f"{' and '.join(missing)} (LAB_MODEL.md section 10)")
+
+
+def scenario_catalog(scenario: Scenario) -> Catalog:
+    """The catalog a simulated lab writes for its scenario: the scenario's model and its
+    drafts, with the model's section 2 profile. Its version follows the model's figures."""
+    model = scenario.model
+    identity = model_identity(model)
+    profile = {key: model[key] for key in PROFILE_KEYS if model.get(key) is not None}
+    profile["kv_bytes_per_token"] = dict(profile["kv_bytes_per_token"])
+    profile["source"] = (f"simulated lab {scenario.name}: the scenario's model profile "
+                         "(LAB_MODEL.md section 2)")
+    drafts = [{"id": d["id"], "path": d["path"], "method": d["method"]} for d in identity["drafts"]]
+    entry = {"id": identity["id"], "path": identity["path"], "remote_code": bool(identity["remote_code"]),
+             "drafts": drafts, "profile": profile}
+    digest = hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:12]
+    return parse_catalog({"schema": CATALOG_SCHEMA, "version": f"sim-{digest}",
+                          "models_dir": posixpath.dirname(identity["path"]) or MODELS_DIR,
+                          "models": [entry]})
+
+
 def model_config(model: dict[str, Any]) -> dict[str, Any]:
-    """A config.json in the shape of the Kimi K2 (DeepSeek-V3 architecture) checkpoint."""
+    """A config.json in the shape of a DeepSeek-V3-architecture checkpoint (Kimi K2 is one)."""
+    model_id = str(model_identity(model)["id"])
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "kimi_k2",
+        "model_type": "kimi_k2" if "kimi" in model_id.casefold() else "deepseek_v3",
         "hidden_size": model["hidden"],
         "num_hidden_layers": model["layers"],
         "first_k_dense_replace": 1,
@@ -84,6 +140,12 @@ def model_config(model: dict[str, Any]) -> dict[str, Any]:
         "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
                                  "kv_cache_quant_algo": "FP8"},
     }
+
+
+def draft_config(model: dict[str, Any]) -> dict[str, Any]:
+    """A config.json in the shape of a one-layer EAGLE-3 draft for the model."""
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+            "hidden_size": model["hidden"], "vocab_size": model["vocab"], "torch_dtype": "bfloat16"}
 
 
 def safetensors_index(model: dict[str, Any]) -> dict[str, Any]:
@@ -122,6 +184,7 @@ class SimLab:
         self.state_dir = Path(state_dir).resolve()
         self.tokenizer_cache = Path(tokenizer_cache) if tokenizer_cache else None
         self.clock = LabClock(loaded.dilation, 0.0)
+        self.catalog = scenario_catalog(loaded)
         self.nodes: dict[str, SimNode] = {}
         self.servers: dict[str, NodeSSHServer] = {}
         self.api_port = 0
@@ -131,6 +194,10 @@ class SimLab:
     @property
     def inventory_path(self) -> Path:
         return self.state_dir / "inventory.yaml"
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.state_dir / "catalog.yaml"
 
     @property
     def known_hosts_path(self) -> Path:
@@ -174,7 +241,7 @@ class SimLab:
         ctx = LabContext(self.scenario, self.clock, self.state_dir, hub, self.calls_log_path)
         self.calls_log_path.touch()
         client_key = write_ed25519_key(self.client_key_path)
-        paths = NodePaths(work_dir=WORK_DIR, model_dir=MODEL_DIR, cache_dir=CACHE_DIR)
+        paths = NodePaths(work_dir=WORK_DIR, model_dir=self.model_dir, cache_dir=CACHE_DIR)
         down = {f["node_down"] for f in self.scenario.faults("node_down")}
         self.api_port = free_port()
         known_hosts = []
@@ -194,6 +261,7 @@ class SimLab:
             self.stop()
             raise
         self.known_hosts_path.write_text("\n".join(known_hosts) + "\n")
+        self._write_catalog()
         self._write_inventory()
         self._started = True
         return self
@@ -222,6 +290,11 @@ class SimLab:
         elif not server.listening:
             server.start()
 
+    @property
+    def model_dir(self) -> str:
+        """Where the nodes keep the scenario's model: its path in the lab's catalog."""
+        return self.catalog.models[0].path
+
     # -- what the lab hands the platform -------------------------------------------------------
     def _populate_model_dir(self, node: SimNode, tokenizer: Path) -> None:
         model_dir = node.host_path(node.paths.model_dir)
@@ -230,6 +303,17 @@ class SimLab:
         (model_dir / "config.json").write_text(json.dumps(model_config(self.scenario.model), indent=2) + "\n")
         (model_dir / "model.safetensors.index.json").write_text(
             json.dumps(safetensors_index(self.scenario.model), indent=1) + "\n")
+        # Each draft the catalog lists is in the lab's models directory too (a config, no weights).
+        for draft in self.catalog.models[0].drafts:
+            draft_dir = node.host_path(draft.path)
+            draft_dir.mkdir(parents=True, exist_ok=True)
+            config = draft_config(self.scenario.model)
+            (draft_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    def _write_catalog(self) -> None:
+        header = (f"# The models simulated lab {self.scenario.name!r} holds (lab.catalog/1), written "
+                  "from its scenario's model.\n")
+        self.catalog_path.write_text(header + yaml.safe_dump(self.catalog.as_data(), sort_keys=False))
 
     def _write_inventory(self) -> None:
         nics = self.scenario.node["nics"]
@@ -239,12 +323,13 @@ class SimLab:
             "time_dilation": self.scenario.dilation,
             "time_origin": self.clock.origin,
             "known_hosts": self.known_hosts_path.name,
+            "catalog": self.catalog_path.name,
             "defaults": {
                 "user": "diag",  # as on a real lab: never root (lab/agent/README.md)
                 "key_file": self.client_key_path.name,
                 "python": "python3",
                 "work_dir": WORK_DIR,
-                "model_dir": MODEL_DIR,
+                "model_dir": self.model_dir,
                 "cache_dir": CACHE_DIR,
                 "mgmt_nic": nics["mgmt"],
                 "data_nics": list(nics["data"]),

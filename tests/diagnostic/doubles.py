@@ -14,6 +14,7 @@ import yaml
 
 from diagnostic.bookings.models import Lab
 from lab.clock import LabClock
+from lab.config import DEFAULT_ENGINE_VERSIONS
 from lab.inventory import Inventory, parse_inventory
 from lab.session import LabSession
 
@@ -27,6 +28,7 @@ def inventory(nodes: int = 8) -> Inventory:
     data = {
         "schema": "lab.inventory/1",
         "name": "facts-lab",
+        "catalog": str(Path(__file__).resolve().parents[2] / "lab" / "catalog.yaml"),
         "nodes": [
             {"name": f"spark-{i + 1:02d}", "host": "127.0.0.1", "port": 40000 + i,
              "role": "head" if i == 0 else "worker"}
@@ -49,7 +51,8 @@ def healthy_facts(name: str, *, time: float = 1_700_000_000.0) -> dict[str, Any]
             {"name": "enP2p1s0f0np0", "speed_mbps": 100000, "mtu": 9000, "operstate": "up"},
         ],
         "model_dir": {"path": "/models/kimi-k2", "exists": True, "free_bytes": 10**12},
-        "engines": {"vllm": "0.29.1", "sglang": None},
+        # The release the reference configuration names (vLLM's default, a modelled one).
+        "engines": {"vllm": DEFAULT_ENGINE_VERSIONS["vllm"], "sglang": None},
         "python": "3.12.3",
     }
 

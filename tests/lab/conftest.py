@@ -134,6 +134,7 @@ class Sshd:
         data = {
             "schema": "lab.inventory/1",
             "name": "sshd-test",
+            "catalog": str(Path(__file__).resolve().parents[2] / "lab" / "catalog.yaml"),
             "known_hosts": str(self.known_hosts),
             "nodes": [
                 {

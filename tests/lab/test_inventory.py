@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from lab.inventory import InventoryError, load_inventory, parse_inventory
 
@@ -101,3 +102,58 @@ def test_it_reports_unreadable_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("nodes: [unclosed\n")
     with pytest.raises(InventoryError, match="not valid YAML"):
         load_inventory(bad)
+
+
+CATALOG = """schema: lab.catalog/1
+version: "1"
+models_dir: /models
+models:
+  - {id: org/model-a, path: /models/a}
+  - {id: org/model-b, path: /models/b, profile: {decode_bytes_per_token_gb: 12.5}}
+"""
+
+
+def test_it_reads_the_catalog_it_names_beside_it(tmp_path: Path) -> None:
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "catalog.yaml").write_text(CATALOG)
+    path = lab / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv(catalog="catalog.yaml")))
+    inventory = load_inventory(path)
+    assert inventory.catalog_file == lab / "catalog.yaml"
+    # One lab, several models: each is held, with its own profile where it has one.
+    a, b = inventory.catalog.model("org/model-a"), inventory.catalog.model("/models/b")
+    assert a is not None and a.profile is None
+    assert b is not None and b.profile is not None and b.profile.decode_bytes_per_token_gb == 12.5
+
+
+def test_an_inventory_naming_no_catalog_has_none_and_says_what_to_add(tmp_path: Path) -> None:
+    inventory = parse_inventory(inv(), base=tmp_path)
+    assert inventory.catalog_file is None
+    names = r"catalog: inventory 't' names no catalog.*`catalog: catalog.yaml`"
+    with pytest.raises(InventoryError, match=names):
+        _ = inventory.catalog
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (None, "cannot read"),
+    ("schema: lab.catalog/1\nversion: '1'\nmodels_dir: /models\nmodels: [{id: a/b, path: /models/b, "
+     "profile: {layers: many}}]\n", "models[0] (a/b).profile.layers must be a whole number > 0, got 'many'"),
+])
+def test_a_named_catalog_that_cannot_be_used_refuses_the_inventory(tmp_path: Path, text: str | None,
+                                                                    says: str) -> None:
+    if text is not None:
+        (tmp_path / "catalog.yaml").write_text(text)
+    with pytest.raises(InventoryError) as info:
+        parse_inventory(inv(catalog="catalog.yaml"), base=tmp_path)
+    assert str(info.value).startswith("catalog: ") and says in str(info.value)
+
+
+def test_the_example_real_lab_keeps_its_catalog_beside_its_inventory() -> None:
+    root = Path(__file__).resolve().parents[2] / "examples" / "lab"
+    inventory = load_inventory(root / "inventory.yaml")
+    assert inventory.catalog_file == (root / "catalog.yaml").resolve()
+    held = {m.id for m in inventory.catalog.models}
+    assert held == {"moonshotai/Kimi-K2-Instruct-0905", "nvidia/DeepSeek-V3-0324-FP4"}
+    assert all(m.profile is not None and m.profile.decode_bytes_per_token_gb
+               for m in inventory.catalog.models)

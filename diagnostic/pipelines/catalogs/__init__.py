@@ -1,6 +1,7 @@
 """Published facts the diagnostic reasons with, as versioned data files with a small finder:
-model sizes (`models.yaml`) and accelerator memory bandwidth (`hardware.yaml`). Each entry
-names its public source; nothing here is measured on a lab."""
+accelerator memory bandwidth (`hardware.yaml`). Each entry names its public source; nothing
+here is measured on a lab. A model's sizes are the lab's to say: they are the `profile` of
+its entry in the lab's catalog (lab.catalog), since each lab holds its own models."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import yaml
 
 
 class CatalogError(LookupError):
-    """A model or accelerator the catalog does not list; the message names what it does list."""
+    """An accelerator the catalog does not list; the message names what it does list."""
 
 
 @cache
@@ -20,16 +21,6 @@ def _load(name: str) -> dict[str, Any]:
     text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
     data: dict[str, Any] = yaml.safe_load(text)
     return data
-
-
-def model_profile(model_id: str) -> dict[str, Any]:
-    """The published sizes of a model, by its repository id (or one of its aliases)."""
-    models = _load("models.yaml")["models"]
-    for entry in models:
-        if model_id == entry["id"] or model_id in entry.get("aliases", []):
-            return dict(entry)
-    known = ", ".join(e["id"] for e in models)
-    raise CatalogError(f"model {model_id!r} is not in the model catalog; it lists {known}")
 
 
 def accelerator(gpu_name: str) -> dict[str, Any]:

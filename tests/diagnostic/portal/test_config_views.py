@@ -4,6 +4,7 @@ the input is kept, the preview shows the launch command, and confirming creates 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,6 +167,7 @@ def test_the_preview_shows_none_of_the_labs_addresses_or_ports(
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(yaml.safe_dump({
         "schema": "lab.inventory/1", "name": "private", "known_hosts": "/dev/null",
+        "catalog": str(Path(__file__).resolve().parents[3] / "lab" / "catalog.yaml"),
         "nodes": [{"name": f"spark-{i:02d}", "host": f"10.77.0.{i}", "port": 22, "api_port": 18123,
                    "data_addr": f"192.168.77.{i}", "role": "head" if i == 1 else "worker"}
                   for i in range(1, 9)]}))

@@ -50,7 +50,8 @@ def serve(tokenizer_path: Path) -> Iterator[Callable[..., httpx.Client]]:
         config["env"] = dict(env or {})
         server = ServingEngine(scenario=LabScenario(), config=config, backend="cutlass", backend_state="ok",
                                error_rate=0.0, clock=LabClock(500.0, time.time()), log=lambda _: None,
-                               tokenizer_path=tokenizer_path, host="127.0.0.1", port=0, seed=7)
+                               tokenizer_path=tokenizer_path, host="127.0.0.1", port=0, seed=7,
+                               argv=[*config["extra_args"], "--enable-metrics"])
         server.start()
         client = httpx.Client(base_url=server.url, timeout=30, trust_env=False)
         started.append((server, client))
@@ -112,6 +113,7 @@ def test_the_session_key_is_the_jobs_own_and_stored_nowhere(tmp_path: Path) -> N
     key_file.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----\nnot a real key\n")
     inventory = parse_inventory({
         "schema": "lab.inventory/1", "name": "keys", "defaults": {"key_file": str(key_file)},
+        "catalog": str(Path(__file__).resolve().parents[3] / "lab" / "catalog.yaml"),
         "nodes": [{"name": f"spark-0{i}", "host": "127.0.0.1", "port": 40000 + i,
                    "role": "head" if i == 1 else "worker"} for i in range(1, 9)],
     }, base=tmp_path)

@@ -30,6 +30,9 @@ from diagnostic.pipelines.triage.timeline import NodeTimeline, read_segment
 from lab.session import LabError, LabSession, LaunchResult
 
 LAUNCH_TIMEOUT_LAB_S = 3600.0
+# The variable and level that make NCCL write its INFO lines (observation starts only).
+NCCL_DEBUG = "NCCL_DEBUG"
+NCCL_DEBUG_LEVEL = "INFO"
 # Reproduce keeps only the last rank's start; the first started at most this long before
 # (the launch calls go out in parallel; a fast simulated lab stretches their seconds).
 REPRODUCE_START_SPREAD_S = 60.0
@@ -119,8 +122,10 @@ def build(run: str, config: dict[str, Any], engine: str, *, cold_start_s: float,
     for node in nodes:
         offset = float(corrections.get(node, 0.0))
         near = launched_from - offset
+        # The process started by `started_at` at the latest (the last rank's start): the
+        # timeline begins there, for the engines log nothing until the ranks have met.
         timeline = read_segment(node, engine, logs.get(node, ""), launched_near=near,
-                                until=ready_at - offset + 1.0)
+                                until=ready_at - offset + 1.0, started=started_at - offset)
         if timeline is None:
             missing.append(node)
         else:
@@ -181,14 +186,24 @@ def attribute(start: ColdStart) -> list[StallGroup]:
         after_weights = all(
             (end := start.timelines[node].phase_end("weights_load")) is not None and a >= end - 1.0
             for node, (a, _) in own.items())
-        verdict = classify(summaries, sorted(own), after_weights=after_weights)
+        # The rendezvous comes right after process start: its silence ends no later than
+        # the node's first model-init or weights line.
+        before_weights = all(
+            (first := start.timelines[node].first_weights_line()) is None or b <= first + 1.0
+            for node, (_, b) in own.items())
+        verdict = classify(summaries, sorted(own), after_weights=after_weights,
+                           before_weights=before_weights)
         head = start.nodes[0]
         representative = head if head in own else sorted(own)[0]
         group = StallGroup(round(lab_start - origin, 1), round(lab_end - origin, 1), own, verdict,
                            representative, windows)
         if verdict.cause == RENDEZVOUS and verdict.late_node in start.timelines:
             a, b = windows[verdict.late_node]
-            group.bootstrap_retries = start.timelines[verdict.late_node].bootstrap_retries(a, b)
+            late_timeline = start.timelines[verdict.late_node]
+            group.bootstrap_retries = late_timeline.bootstrap_retries(a, b)
+            # NCCL's retry lines are evidence only where the start asked NCCL for them.
+            verdict.decided_by["nccl_debug_lines"] = late_timeline.nccl_lines()
+            verdict.decided_by["bootstrap_retries_logged"] = group.bootstrap_retries
         out.append(group)
     return out
 
@@ -215,16 +230,30 @@ def _logs_since(session: LabSession, offsets: Mapping[str, int]) -> dict[str, st
     return _each(list(offsets), text)
 
 
+def observed(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What an observation start launches: `config` with NCCL asked for its INFO lines
+    (the bootstrap interface it chose, its connect retries), which it writes only with
+    NCCL_DEBUG=INFO. Only the diagnostic's own starts carry it: the configuration the
+    triage proves and hands on is `config` itself. A customer's own NCCL_DEBUG is kept."""
+    env = dict(config.get("env") or {})
+    if "NCCL_DEBUG" in env:
+        return dict(config)
+    env[NCCL_DEBUG] = NCCL_DEBUG_LEVEL
+    return {**config, "env": env}
+
+
 def observe(session: LabSession, config: dict[str, Any], run: str, *, facts: Mapping[str, Any],
-            check_cancelled: Callable[[], None], cold: bool = True) -> ColdStart:
+            check_cancelled: Callable[[], None], cold: bool = True, nccl_debug: bool = True) -> ColdStart:
     """Launch `config` from cold (every engine stopped, page cache dropped) with the sampler
-    running, and read its evidence."""
+    running and, with `nccl_debug`, NCCL_DEBUG=INFO (`observed`), and read its evidence.
+    The ColdStart carries `config`, never the observation's variable."""
     began = session.clock.now()
-    nodes = [spec["node"] for spec in session.specs_for(config)]
+    launching = observed(config) if nccl_debug else dict(config)
+    nodes = [spec["node"] for spec in session.specs_for(launching)]
     offsets = launch_offsets(nodes)
     session.start_sampler(nodes)
     since = session.clock.now() - 2.0
-    launched: LaunchResult = session.launch(config, cold=cold, timeout_s=LAUNCH_TIMEOUT_LAB_S)
+    launched: LaunchResult = session.launch(launching, cold=cold, timeout_s=LAUNCH_TIMEOUT_LAB_S)
     check_cancelled()
     samples = session.telemetry(since=since, nodes=nodes)
     logs = _logs_since(session, offsets)

@@ -7,8 +7,11 @@ facts").
   (`lab.engines.normalize_config`) and the first the engine accepts is used.
 - JIT compile: `serving.jit_cache: persisted`, a cache directory that survives restarts.
 - rendezvous: `NCCL_SOCKET_IFNAME` = the NIC holding the default route (the management
-  network NCCL bootstraps over) and `NCCL_IB_HCA` = the RDMA devices whose net device is
-  a data NIC and whose port is ACTIVE, as every node's facts name them.
+  network NCCL bootstraps over), `GLOO_SOCKET_IFNAME` = the same interface (both engines
+  open gloo CPU groups beside NCCL's, and gloo otherwise binds whatever the host name
+  resolves to), and `NCCL_IB_HCA` = the RDMA devices whose net device is a data NIC and
+  whose port is ACTIVE, as every node's facts name them. Never `VLLM_HOST_IP`: it pins
+  one address, and one address cannot be right on every node of a launch.
 """
 
 from __future__ import annotations
@@ -108,8 +111,9 @@ def _active(device: Mapping[str, Any]) -> bool:
 
 
 def nccl_names(facts: Mapping[str, Mapping[str, Any]], nodes: Sequence[str]) -> dict[str, str]:
-    """NCCL_SOCKET_IFNAME and NCCL_IB_HCA for `nodes`, from their facts. Nodes that name
-    things differently get the union (NCCL takes comma-separated lists for both)."""
+    """NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME (the same interfaces) and NCCL_IB_HCA for
+    `nodes`, from their facts. Nodes that name things differently get the union (NCCL and
+    gloo take comma-separated interface lists)."""
     sockets: list[str] = []
     hcas: list[str] = []
     missing: list[str] = []
@@ -131,7 +135,8 @@ def nccl_names(facts: Mapping[str, Mapping[str, Any]], nodes: Sequence[str]) -> 
         hcas += [str(d["name"]) for d in devices if str(d["name"]) not in hcas]
     if missing:
         raise FixUnavailable("; ".join(missing))
-    return {"NCCL_SOCKET_IFNAME": ",".join(sockets), "NCCL_IB_HCA": ",".join(hcas)}
+    socket = ",".join(sockets)
+    return {"NCCL_SOCKET_IFNAME": socket, "GLOO_SOCKET_IFNAME": socket, "NCCL_IB_HCA": ",".join(hcas)}
 
 
 def _accepted(config: Mapping[str, Any], changes: list[Change]) -> bool:
@@ -173,15 +178,26 @@ def jit_fix(config: Mapping[str, Any]) -> Fix:
                     "compiles.")
 
 
+def _same_setting(var: str, current: Any, wanted: str) -> bool:
+    """Whether the configuration already sets `var` as the fix would: NCCL reads
+    NCCL_IB_HCA as a list of devices, so their order and spacing do not matter."""
+    if current is None:
+        return False
+    if var == "NCCL_IB_HCA":
+        return sorted(d.strip() for d in str(current).split(",") if d.strip()) == \
+            sorted(d.strip() for d in wanted.split(",") if d.strip())
+    return str(current) == wanted
+
+
 def rendezvous_fix(config: Mapping[str, Any], facts: Mapping[str, Mapping[str, Any]],
                    nodes: Sequence[str]) -> Fix:
     names = nccl_names(facts, nodes)
     env = config.get("env") or {}
     changes = [change(f"env.{var}", env.get(var), value, finding=RENDEZVOUS,
                       why="the interfaces this lab's nodes have")
-               for var, value in names.items() if env.get(var) != value]
+               for var, value in names.items() if not _same_setting(var, env.get(var), value)]
     if not changes:
-        raise FixUnavailable("the NCCL variables already name this lab's interfaces")
+        raise FixUnavailable("the NCCL and gloo variables already name this lab's interfaces")
     return Fix(RENDEZVOUS, changes, "data-path NCCL interfaces",
                note="Set on every node, the headless workers included.")
 

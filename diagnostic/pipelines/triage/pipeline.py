@@ -17,13 +17,13 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from diagnostic.pipelines.changes import Change, apply_changes
+from diagnostic.pipelines.changes import Change, apply_changes, get_path
 from diagnostic.pipelines.stats import welch
 from diagnostic.pipelines.triage import coldstart as cs
 from diagnostic.pipelines.triage import frames as fr
 from diagnostic.pipelines.triage import section as rp
 from diagnostic.pipelines.triage.fixes import Fix, FixUnavailable, derive, launch_difference
-from diagnostic.pipelines.triage.signatures import FAULTS, INCOMPLETE, JIT_COMPILE, UNEXPLAINED
+from diagnostic.pipelines.triage.signatures import FAULTS, INCOMPLETE, JIT_COMPILE, RENDEZVOUS, UNEXPLAINED
 from lab.session import LabSession, LaunchFailed
 
 # A change is proved when its signature is gone and the start is faster by more than the
@@ -46,13 +46,13 @@ def _noop_cancel() -> None:
 
 def _kernel_key(config: Mapping[str, Any]) -> str:
     """What a kept JIT cache's contents depend on, as far as our fixes go: everything but
-    the loader and the NCCL interface variables (neither changes the compiled kernels)."""
+    the loader and the NCCL/gloo variables (neither changes the compiled kernels)."""
     view = copy.deepcopy(dict(config))
     serving = view.get("serving") or {}
     for key in ("load_format", "safetensors_load_strategy"):
         serving.pop(key, None)
     env = view.get("env") or {}
-    for key in [k for k in env if k.startswith("NCCL_")]:
+    for key in [k for k in env if k.startswith(("NCCL_", "GLOO_"))]:
         env.pop(key)
     view.pop("reported", None)
     return json.dumps(view, sort_keys=True, default=str)
@@ -79,6 +79,23 @@ class Triage:
         self.seen: dict[str, cs.ColdStart] = {}
         self.steps: list[dict[str, Any]] = []  # lab time per step
         self.facts: dict[str, Any] = {}
+        # The rendezvous change, once the customer's start showed the rendezvous and the
+        # change was derived (None before that, or when there is none to prove).
+        self.rendezvous_changes: list[Change] | None = None
+        self.baseline_known = False
+
+    def wants_nccl(self, config: Mapping[str, Any]) -> bool:
+        """Whether a start of `config` asks NCCL for its INFO lines (NCCL_DEBUG=INFO):
+        where a rendezvous stall may show, the only stall NCCL's lines speak of. That is
+        the customer's own start (nothing is known yet) and, once its evidence showed a
+        rendezvous, each step that does not carry the rendezvous change. Every other start
+        is launched exactly as its configuration renders, so the lab is left serving the
+        configuration the triage hands on, and the next stage finds it serving."""
+        if not self.baseline_known:
+            return True
+        if self.rendezvous_changes is None:
+            return False
+        return not all(get_path(config, c["path"]) == c["to"] for c in self.rendezvous_changes)
 
     def spent(self) -> float:
         return self.session.clock.now() - self.began
@@ -98,7 +115,7 @@ class Triage:
         leaves the cache filled for the step that keeps it, which then needs no warm-up."""
         if filling is not None:
             start = cs.observe(self.session, filling, run, facts=self.facts,
-                               check_cancelled=self.check_cancelled)
+                               check_cancelled=self.check_cancelled, nccl_debug=self.wants_nccl(filling))
             self.warmed.add(_kernel_key(filling))
             if JIT_COMPILE not in start.causes:
                 # The kept cache was filled already (a cache volume outlives a lab day): this
@@ -139,12 +156,14 @@ class Triage:
             warm_up_s = self.session.clock.now() - t
             self.warmed.add(key)
             self.check_cancelled()
-        start = cs.observe(self.session, config, run, facts=self.facts, check_cancelled=self.check_cancelled)
+        nccl_debug = self.wants_nccl(config)
+        start = cs.observe(self.session, config, run, facts=self.facts, check_cancelled=self.check_cancelled,
+                           nccl_debug=nccl_debug)
         if config["serving"]["jit_cache"] == "persisted":
             self.warmed.add(key)
         for _ in range(max(0, (self.repeats if repeats is None else repeats) - have - 1)):
             again = cs.observe(self.session, config, run, facts=self.facts,
-                               check_cancelled=self.check_cancelled)
+                               check_cancelled=self.check_cancelled, nccl_debug=nccl_debug)
             start.add_sample(again.cold_start_s)
             start.lab_s += again.lab_s
         start.lab_s += warm_up_s
@@ -279,6 +298,7 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
     check_cancelled()
     progress(5, "the customer's true cold start")
     before = triage.baseline(reproduce)
+    triage.baseline_known = True
     check_cancelled()
     nodes = before.nodes
     fixes: dict[str, Fix] = {}
@@ -288,6 +308,8 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
         except FixUnavailable as exc:
             triage.notes.append(f"{cause}: no change to try ({exc}).")
             log(f"{cause}: no change derived: {exc}")
+    if RENDEZVOUS in fixes:
+        triage.rendezvous_changes = fixes[RENDEZVOUS].changes
     # The waterfall: each change added to the ones proved before it, one true cold start per
     # step, so that the last step is every proved change together and each step shows what
     # its own change removed. A change that does not prove itself is left out of the later steps.

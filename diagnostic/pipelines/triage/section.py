@@ -131,8 +131,11 @@ def _evidence(start: ColdStart, cause: str) -> dict[str, Any]:
         group = max(groups, key=lambda g: g.silent_s)
         env = start.config.get("env") or {}
         evidence.update({
-            "summary": f"Every node sat idle with its data NICs silent while {group.verdict.late_node} kept "
-                       "talking on its management NIC (bootstrap retries): the others waited for it.",
+            "summary": "Right after the processes started, before any weight was read, every node sat idle "
+                       f"with its data NICs silent while {group.verdict.late_node} kept talking on its "
+                       "management NIC (bootstrap retries"
+                       + (f", {group.bootstrap_retries} logged by NCCL" if group.bootstrap_retries else "")
+                       + "): the others waited for it at the rendezvous.",
             "stall_s": round(group.silent_s, 1),
             "late_node": group.verdict.late_node,
             "late_node_mgmt_nic_mbps_p90": decided.get("late_node_mgmt_nic_mbps_p90"),
@@ -142,6 +145,7 @@ def _evidence(start: ColdStart, cause: str) -> dict[str, Any]:
             "bootstrap_retries": group.bootstrap_retries,
             "nccl_socket_ifname": env.get("NCCL_SOCKET_IFNAME"),
             "nccl_ib_hca": env.get("NCCL_IB_HCA"),
+            "gloo_socket_ifname": env.get("GLOO_SOCKET_IFNAME"),
         })
     incomplete = sorted({n for g in groups for n in g.verdict.incomplete_nodes})
     if incomplete:

@@ -183,13 +183,16 @@ def _late_node(readings: Mapping[str, NodeReading]) -> tuple[str | None, dict[st
 
 
 def classify(windows: Mapping[str, Mapping[str, Any]], stalled: list[str], *,
-             after_weights: bool) -> Verdict:
+             after_weights: bool, before_weights: bool = True) -> Verdict:
     """One stall from each node's window summary (`windows`: every node of the launch, over
     the stall's lab-time window; `stalled`: the nodes whose log went silent).
 
     A per-node signature (weights I/O, JIT) must be shown by every stalled node with full
     evidence and contradicted by none; the rendezvous is a property of the whole group:
-    every node idle and data-silent, and one of them talking on its management NIC."""
+    every node idle and data-silent, and one of them talking on its management NIC, in a
+    silence that lies between the process start and the first model-init or weights line
+    (`before_weights`: the ranks meet before any weight is read, LAB_MODEL.md section 5).
+    NCCL's own lines are not needed: it writes them only with NCCL_DEBUG=INFO."""
     readings = {n: read_node(n, s, after_weights=after_weights) for n, s in windows.items()}
     incomplete = sorted(n for n, r in readings.items() if r.kind == INCOMPLETE)
     seen = [readings[n] for n in stalled if n in readings and readings[n].kind != INCOMPLETE]
@@ -205,14 +208,16 @@ def classify(windows: Mapping[str, Mapping[str, Any]], stalled: list[str], *,
         late, p90 = _late_node(complete)
         data_silent = all(float(r.summary.get("data_nic_mbps_median") or 0.0) <= DATA_NIC_SILENT_MBPS
                           for r in complete.values())
-        if late is not None and others_idle and data_silent:
+        if late is not None and others_idle and data_silent and before_weights:
             decided = _decided(RENDEZVOUS, seen)
-            decided.update({"late_node": late, "late_node_mgmt_nic_mbps_p90": p90[late],
+            decided.update({"where": "between process start and the first model-init or weights line",
+                            "late_node": late, "late_node_mgmt_nic_mbps_p90": p90[late],
                             "other_nodes_mgmt_nic_mbps_p90_max": max(v for n, v in p90.items() if n != late),
                             "waiting_nodes": sorted(stalled)})
             return Verdict(RENDEZVOUS, decided, readings, incomplete, late_node=late)
         why = ("no node talks on its management NIC more than the others" if late is None
-               else "not every node is idle with its data NICs silent")
+               else "not every node is idle with its data NICs silent" if not (others_idle and data_silent)
+               else "the silence comes after the weights began to load: the ranks meet before that")
         if incomplete:
             # The node we cannot see may be the one the others wait for: say so, don't guess.
             decided = {"nodes_without_telemetry": incomplete, "idle_nodes": sorted(complete)}

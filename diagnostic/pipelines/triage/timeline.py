@@ -24,21 +24,48 @@ SILENCE_S = 60.0
 SHARD_GAP_S = 30.0
 # Time zones are whole quarter hours: a stamp this far from the node's clock is local time.
 ZONE_STEP_S = 900.0
-PHASES = ("process_start", "weights_load", "distributed_init", "kernel_jit", "kv_cache", "graph_capture",
-          "api_ready")
+# Both engines' real order (LAB_MODEL.md section 5): the ranks meet (distributed init)
+# right after the process has started, before any weight is read; then model init (the
+# kernel backends are chosen and logged), the weights, compile/JIT, KV cache, graphs, API.
+PHASES = ("process_start", "distributed_init", "model_init", "weights_load", "kernel_jit", "kv_cache",
+          "graph_capture", "api_ready")
 
-# The line that ends each phase, in both engines' words (lab/engines has the formats).
+# The line that ends each phase, in the released versions' words (the format strings of
+# lab/engines/releases/*.json: vLLM 0.29/0.34, SGLang 0.5.12/0.5.23). A phase whose line
+# a version does not write (SGLang logs no compile line) is left out of the timeline.
 _PHASE_ENDS: dict[str, re.Pattern[str]] = {
-    "process_start": re.compile(r"Starting to load model|Load weight begin|Loading \S+ checkpoint shards"),
+    # The rendezvous begins, where a line says so: SGLang's "Init torch distributed
+    # begin.", vLLM's "world_size=%d rank=%d ... distributed_init_method=" (DEBUG level).
+    # Where none does (the modelled releases' tables quote no such line, and a vLLM at
+    # INFO writes nothing stamped from its start-up lines to model init), the timeline
+    # begins at the launch (read_segment's `started`) and distributed_init spans the
+    # process start as well.
+    "process_start": re.compile(r"distributed_init_method=|Init torch distributed begin"),
+    # The ranks have met: the first line after the rendezvous (NCCL's own version line
+    # only with NCCL_DEBUG=INFO, so any of the engine's next lines ends it).
+    "distributed_init": re.compile(
+        r"rank \d+ in world size|vLLM is using nccl|Init torch distributed ends|NCCL version|"
+        r"MoE .*backend|for NVFP4 GEMM|Starting to load model|Load weight begin|"
+        r"Loading \S+ checkpoint shards"),
+    # Model init ends where the weights start to be read.
+    "model_init": re.compile(r"Starting to load model|Load weight begin|Loading \S+ checkpoint shards"),
     "weights_load": re.compile(r"Loading weights took|Model loading took|Load weight end"),
-    "distributed_init": re.compile(r"rank \d+ in world size|vLLM is using nccl|Init torch distributed ends"),
-    "kernel_jit": re.compile(r"torch\.compile takes|JIT kernels ready|Directly load the compiled graph"),
-    "kv_cache": re.compile(r"GPU KV cache size|Maximum concurrency for|KV Cache is allocated"),
-    "graph_capture": re.compile(r"Graph capturing finished|Capture cuda graph end"),
-    "api_ready": re.compile(r"Starting vLLM API server|The server is fired up|Uvicorn running on"),
+    "kernel_jit": re.compile(r"torch\.compile (?:took|takes)|Directly load the compiled graph"),
+    "kv_cache": re.compile(r"KV cache size: |Maximum concurrency for|KV Cache is allocated|"
+                           r"KV cache allocated\.|Memory pool end"),
+    "graph_capture": re.compile(r"Graph capturing finished|[Cc]apture .*(?:cuda|CUDA) graph end"),
+    "api_ready": re.compile(r"Starting vLLM server on|The server is fired up|"
+                            r"Uvicorn running on"),
 }
-# NCCL's and torch's words for a bootstrap that keeps failing to connect.
-_BOOTSTRAP_RETRY = re.compile(r"\bretrying, attempt \d+")
+# NCCL's words (with NCCL_DEBUG=INFO only) for a bootstrap connect that keeps failing:
+# "... retrying (n/m) ..." in current releases, "Call to connect returned ..., retrying"
+# in older ones.
+_BOOTSTRAP_RETRY = re.compile(r"\bretrying \(\d+/\d+\)|Call to connect returned .*, retrying")
+# The first lines after the rendezvous that only model init or the weights write.
+_MODEL_OR_WEIGHTS = re.compile(r"MoE .*backend|for NVFP4 GEMM|Starting to load model|Load weight begin|"
+                               r"Loading \S+ checkpoint shards|Loading weights took|Load weight end")
+# A line NCCL writes only when NCCL_DEBUG=INFO is set.
+_NCCL_INFO = re.compile(r"\bNCCL INFO\b")
 
 
 def _is_leap(year: int) -> bool:
@@ -92,24 +119,45 @@ class NodeTimeline:
     def phase_end(self, name: str) -> float | None:
         return next((end for n, _, end in self.phases if n == name), None)
 
+    def nccl_lines(self) -> int:
+        """How many NCCL INFO lines the start wrote (none without NCCL_DEBUG=INFO)."""
+        return sum(1 for line in self.lines if _NCCL_INFO.search(line.message))
+
+    def first_weights_line(self) -> float | None:
+        """When the node wrote its first model-init or weights line (node clock): a
+        rendezvous, which comes before both, has ended by then. None when it wrote none."""
+        for line in self.lines:
+            if line.epoch is not None and _MODEL_OR_WEIGHTS.search(line.message):
+                return line.epoch
+        return None
+
     def bootstrap_retries(self, start: float, end: float) -> int:
         """Bootstrap retry attempts logged in [start, end] (untimed NCCL lines count where
-        the stamped lines around them fall in the window)."""
-        count, last = 0, None
+        the stamped line before them falls in the window; before the first, the process
+        start)."""
+        count, last = 0, self.t0
         for line in self.lines:
             if line.epoch is not None:
                 last = line.epoch
-            if last is not None and start - 1 <= last <= end + 1 and _BOOTSTRAP_RETRY.search(line.message):
+            if start - 1 <= last <= end + 1 and _BOOTSTRAP_RETRY.search(line.message):
                 count += 1
         return count
 
 
 def read_segment(node: str, engine: str, text: str, *, launched_near: float,
-                 until: float | None = None) -> NodeTimeline | None:
+                 until: float | None = None, started: float | None = None) -> NodeTimeline | None:
     """The timeline of the launch made at `launched_near` (node clock, no later than the
     engine's first line), from a node's engine log (`text` may hold earlier launches and
     later serving lines: only lines stamped from then on, and up to `until` when given, are
-    this start's)."""
+    this start's).
+
+    `started`: when the process was started (node clock), as the launch itself reported
+    it. The timeline begins there when the log's first stamped line comes later: the
+    released engines write no stamped line of their own between the process start and the
+    end of the rendezvous (vLLM's first is model init's backend choice, SGLang's the
+    weights' "Load weight begin"; NCCL's lines carry no stamp), so a rendezvous stall is a
+    silence that begins at the launch. NCCL's unstamped lines written before the first
+    stamped one belong to the start too."""
     raw = text.splitlines()
     stamps: list[float | None] = []
     for number, physical in enumerate(raw, 1):
@@ -123,19 +171,29 @@ def read_segment(node: str, engine: str, text: str, *, launched_near: float,
     nearest = min(placed_first, key=lambda e: abs(e - launched_near))
     zone = round((nearest - launched_near) / ZONE_STEP_S) * ZONE_STEP_S
     lines: list[Line] = []
-    started = False
+    # Unstamped lines (NCCL's) since the last stamped line of an earlier launch: this
+    # launch's when its first stamped line follows them.
+    pending: list[Line] = []
+    inside = False
     for physical, ts in zip(raw, stamps, strict=True):
         epoch = None if ts is None else stamp_epoch(ts, launched_near + zone) - zone
-        if not started:
-            if epoch is None or epoch < launched_near - 2.0:
+        if not inside:
+            if epoch is None:
+                pending.append(Line(None, physical))
                 continue
-            started = True
+            if epoch < launched_near - 2.0:
+                pending = []
+                continue
+            inside = True
+            lines += pending
         if until is not None and epoch is not None and epoch > until + 2.0:
             break
         lines.append(Line(epoch, physical))
-    if not lines or lines[0].epoch is None:
+    first = next((ln.epoch for ln in lines if ln.epoch is not None), None)
+    if first is None:
         return None
-    timeline = NodeTimeline(node, float(lines[0].epoch), lines, zone_offset_s=zone)
+    t0 = first if started is None else min(first, started)
+    timeline = NodeTimeline(node, t0, lines, zone_offset_s=zone)
     timeline.phases = _phases(timeline)
     timeline.stalls = _stalls(timeline, engine)
     return timeline
@@ -160,7 +218,8 @@ def _phases(timeline: NodeTimeline) -> list[tuple[str, float, float]]:
 
 
 def _stalls(timeline: NodeTimeline, engine: str) -> list[Stall]:
-    epochs = [ln.epoch for ln in timeline.lines if ln.epoch is not None]
+    # From the process start on (the timeline's t0, which may precede the first line).
+    epochs = [timeline.t0, *(ln.epoch for ln in timeline.lines if ln.epoch is not None)]
     found: list[Stall] = []
     for a, b in itertools.pairwise(epochs):
         if b - a >= SILENCE_S:

@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 def scenario(*, seed: int = 11, dilation: float = DILATION, nics: dict[str, Any] | None = None,
              faults: list[dict[str, Any]] | None = None, load: dict[str, Any] | None = None,
-             engine: str = "vllm") -> Scenario:
+             engine: str = "vllm", version: str | None = None) -> Scenario:
     """The reference lab with another seed and the given changes. The reference file's
     explicit rendezvous needs name the reference NICs; they are dropped so that the needs
     follow the scenario's own NIC names (LAB_MODEL.md section 1)."""
@@ -53,17 +53,20 @@ def scenario(*, seed: int = 11, dilation: float = DILATION, nics: dict[str, Any]
     if load:
         data["truth"]["load"].update(load)
     data["truth"]["faults"] = list(faults or [])
-    if engine != "vllm":
-        data["engine"] = {"name": engine}
+    if engine != "vllm" or version is not None:
+        data["engine"] = {"name": engine, **({"version": version} if version else {})}
     return parse_scenario(data)
 
 
-def customer(scn: Scenario, faults: Iterable[str] = FAULTS, *, engine: str = "vllm") -> dict[str, Any]:
+def customer(scn: Scenario, faults: Iterable[str] = FAULTS, *, engine: str = "vllm",
+             version: str | None = None) -> dict[str, Any]:
     """The out-of-box configuration with only `faults` left in it: the others fixed the
-    way a careful customer would have (names from the scenario itself)."""
+    way a careful customer would have (names from the scenario itself). `version`: the
+    engine release it names (the engine's default when None)."""
     raw: dict[str, Any] = copy.deepcopy(yaml.safe_load(OUT_OF_BOX.read_text()))
+    if engine != "vllm" or version is not None:
+        raw["engine"] = {"name": engine, **({"version": version} if version else {})}
     if engine != "vllm":
-        raw["engine"] = {"name": engine}
         raw["speculative"] = None  # the reference EAGLE-3 draft is a vLLM setting here
     faults = set(faults)
     if "load.weights_io" not in faults:

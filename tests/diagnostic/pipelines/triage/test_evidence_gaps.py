@@ -34,7 +34,9 @@ def test_a_stall_with_no_known_signature_is_reported_unexplained_with_its_teleme
 def test_a_node_whose_sampler_died_is_named_and_never_guessed(tmp_path: Path) -> None:
     base = scenario(seed=13)
     late = late_node(base)
-    scn = scenario(seed=13, faults=[{"sampler_dies_after_s": 100.0, "node": late}])
+    # The ranks meet right after the process starts (LAB_MODEL.md section 5): the sampler
+    # dies inside the rendezvous stall, so the late node's window is mostly missing.
+    scn = scenario(seed=13, faults=[{"sampler_dies_after_s": 30.0, "node": late}])
     with lab(scn, tmp_path) as (_, session):
         result = run_triage(session, customer(scn))
     codes = finding_codes(result)

@@ -40,7 +40,7 @@ def test_nccl_names_come_from_each_nodes_facts_in_nic_order() -> None:
     facts = {n: node_facts("eno1", ["ens2f0np0", "ens2f1np1"],
                            [("mlx5_1", "ens2f1np1", "4: ACTIVE"), ("mlx5_0", "ens2f0np0", "4: ACTIVE")])
              for n in ("a", "b")}
-    assert fixes.nccl_names(facts, ["a", "b"]) == {"NCCL_SOCKET_IFNAME": "eno1",
+    assert fixes.nccl_names(facts, ["a", "b"]) == {"NCCL_SOCKET_IFNAME": "eno1", "GLOO_SOCKET_IFNAME": "eno1",
                                                    "NCCL_IB_HCA": "mlx5_0,mlx5_1"}
     roles = fixes.nic_roles(facts["a"])
     assert roles.mgmt == ("eno1",) and roles.data == ("ens2f0np0", "ens2f1np1")
@@ -57,7 +57,20 @@ def test_a_port_that_is_down_is_left_out_and_no_device_at_all_is_said() -> None:
 def test_nodes_that_name_their_nics_differently_get_the_union() -> None:
     facts = {"a": node_facts("eno1", ["p1"], [("r1", "p1", "4: ACTIVE")]),
              "b": node_facts("eno2", ["q1"], [("s1", "q1", "4: ACTIVE")])}
-    assert fixes.nccl_names(facts, ["a", "b"]) == {"NCCL_SOCKET_IFNAME": "eno1,eno2", "NCCL_IB_HCA": "r1,s1"}
+    assert fixes.nccl_names(facts, ["a", "b"]) == {"NCCL_SOCKET_IFNAME": "eno1,eno2",
+                                                   "GLOO_SOCKET_IFNAME": "eno1,eno2", "NCCL_IB_HCA": "r1,s1"}
+
+
+def test_the_rendezvous_fix_names_gloo_beside_nccl_and_never_pins_a_host_ip() -> None:
+    """Both engines open gloo CPU groups beside NCCL's: the fix names the same interface for
+    gloo, and never VLLM_HOST_IP (one address cannot be right on every node)."""
+    facts = {n: node_facts("enP7s7", ["enp1s0f0np0"], [("rocep1s0f0", "enp1s0f0np0", "4: ACTIVE")])
+             for n in ("a", "b")}
+    fix = fixes.rendezvous_fix(config(), facts, ["a", "b"])
+    env = {c["path"]: c["to"] for c in fix.changes}
+    assert env == {"env.NCCL_SOCKET_IFNAME": "enP7s7", "env.GLOO_SOCKET_IFNAME": "enP7s7",
+                   "env.NCCL_IB_HCA": "rocep1s0f0"}
+    assert not any("HOST_IP" in path for path in env)
 
 
 def test_facts_without_a_default_route_give_no_guess() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from diagnostic.pipelines.triage import run_triage
+from lab.sim.scenario import rendezvous_needs
 
 from .labs import FAULTS, customer, finding_codes, lab, scenario
 
@@ -50,7 +51,8 @@ def test_renamed_nics_get_their_own_names_in_the_fix(tmp_path: Path) -> None:
         result = run_triage(session, customer(scn, ["load.rendezvous"]))
     assert finding_codes(result) == ["load.rendezvous"]
     env = result["findings"][0]["change"]["env"]
-    assert env["NCCL_SOCKET_IFNAME"] == "eno1"
+    assert env["NCCL_SOCKET_IFNAME"] == "eno1" and env["GLOO_SOCKET_IFNAME"] == "eno1"
+    assert "NCCL_DEBUG" not in env  # the observation starts' variable stays out of the fix
     assert sorted(env["NCCL_IB_HCA"].split(",")) == ["roceP4p2s0f1", "rocep3s0f1"]
     assert result["section"]["proved"] == ["load.rendezvous"]
     assert result["section"]["waterfall"][-1]["signatures"] == []
@@ -65,3 +67,21 @@ def test_an_sglang_configuration_gets_the_loader_sglang_has(tmp_path: Path) -> N
     assert loader["config"] == {"serving.load_format": {"from": "auto", "to": "fastsafetensors"}}
     assert loader["flags"] == ["--load-format", "fastsafetensors"]
     assert result["section"]["proved"] == ["load.weights_io", "load.jit_compile"]
+
+
+def test_a_lab_whose_gloo_groups_need_their_interface_gets_gloo_socket_ifname(tmp_path: Path) -> None:
+    """Nodes whose host name resolves to the wrong interface (LAB_MODEL.md section 5): the
+    gloo CPU groups both engines open need GLOO_SOCKET_IFNAME too. A customer who set
+    NCCL's two variables right still stalls at the rendezvous; the change is the gloo one."""
+    nics = scenario(seed=16).node["nics"]
+    needs = {**rendezvous_needs(nics), "GLOO_SOCKET_IFNAME": nics["mgmt"]}
+    scn = scenario(seed=16, load={"rendezvous": {"needs": needs, "stall_s": 60.0}})
+    config = customer(scn, [])  # NCCL's variables set the way the default lab needs them
+    assert "GLOO_SOCKET_IFNAME" not in config["env"]
+    with lab(scn, tmp_path) as (_, session):
+        result = run_triage(session, config)
+    assert finding_codes(result) == ["load.rendezvous"]
+    change = result["findings"][0]["change"]
+    assert change["env"] == {"GLOO_SOCKET_IFNAME": nics["mgmt"]}
+    assert result["section"]["proved"] == ["load.rendezvous"]
+    assert result["section"]["waterfall"][-1]["signatures"] == []

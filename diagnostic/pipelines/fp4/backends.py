@@ -1,53 +1,150 @@
 """Which FP4 backend an engine runs, which ones it accepts, and how a choice is expressed.
 
 The backend a run used is read from the engine's own log (`fp4_backend` events of
-lab.engines.parse_log), never from the configuration. The backends an engine accepts
-are learned from the engine: started with a backend name no engine has, it refuses and
-lists the ones it supports, in its own words (the simulated engine's "Unknown NVFP4
-backend 'x'; supported: a, b", vLLM's environment check "Invalid value 'x' for
-VLLM_NVFP4_GEMM_BACKEND. Valid options: [...]", argparse's "invalid choice: 'x' (choose
-from ...)"). That parser lives here rather than in lab/engines because it reads one
-refusal, not a log stream. A chosen backend goes into the configuration the way the
-customer's engine takes it: the `serving.moe_backend` / `serving.linear_backend` fields
-(--moe-backend / --linear-backend, SGLang --moe-runner-backend / --fp4-gemm-backend),
-removing any environment variable that pinned a backend.
+lab.engines.parse_log) where the version logs it (vLLM: its MoE line, quoted in 0.29 and
+unquoted in 0.34, and its linear kernel's class name); where it does not (SGLang on GB10
+logs no backend line) it follows from the flags and the version's default rule
+(`dispatch.default_backend`), and the record says so. The backends an engine accepts are
+learned from the engine itself, at no cold start: started with a name no version has for
+its backend flag (vLLM `--moe-backend` / `--linear-backend`, SGLang `--moe-runner-backend`
+/ `--fp4-gemm-backend` where the version has it), it stops at argument parsing within
+seconds with argparse's `invalid choice: ... (choose from ...)` (Python 3.12 lists the
+names bare, older releases quoted). A chosen backend goes into the configuration the way
+the customer's engine takes it: the `serving.moe_backend` / `serving.linear_backend`
+fields. Environment variables choose no backend in the modelled versions
+(VLLM_NVFP4_GEMM_BACKEND, VLLM_USE_FLASHINFER_MOE_FP4, VLLM_FLASHINFER_MOE_BACKEND are
+read by none: vLLM warns and ignores them); a customer's pin is noted and removed.
+
+Between backends that are equally fast and correct, the stage prefers the one the version's
+own default rule would consider first: vLLM's MoE line ends with the backends its rule
+considered on the device, in its order (`out of potential backends: [...]`), which
+`preference_order` reads; the dispatch table's capability order (taken from the same
+rule's source) stands in where the log gives no list.
 """
 
 from __future__ import annotations
 
-import copy
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from lab.config import LINEAR_BACKENDS, MOE_BACKENDS
 from lab.engines import parse_log
+from lab.engines.logs import normalize_backend
+from lab.engines.tables import flag as table_flag
+from lab.engines.tables import release
 
-# No engine has a backend by this name: asking for it makes the engine list its own.
+# No version has a backend by this name: asking for it makes argparse list the real ones.
 UNKNOWN_BACKEND = "diag_probe_no_such_backend"
-DISCOVERY_ENV = "VLLM_NVFP4_GEMM_BACKEND"
-# Environment variables through which a customer can pin an FP4 backend (LAB_MODEL.md 6).
-PIN_ENV = ("VLLM_NVFP4_GEMM_BACKEND", "VLLM_USE_FLASHINFER_MOE_FP4")
+# Variables a customer may believe pin an FP4 backend; no modelled version reads them.
+PIN_ENV = ("VLLM_NVFP4_GEMM_BACKEND", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND")
 FIELD_OF_LAYER = {"moe": "moe_backend", "linear": "linear_backend"}
-# Lines with which an engine's log begins a start (vLLM's API server, SGLang's arguments).
-_START_MARKERS = ("vLLM API server version", "server_args=ServerArgs(", "Launching vLLM")
+# The flag that chooses each layer's NVFP4 backend, per engine (a version may lack one).
+FLAG_OF_LAYER = {
+    "vllm": {"moe": "--moe-backend", "linear": "--linear-backend"},
+    "sglang": {"moe": "--moe-runner-backend", "linear": "--fp4-gemm-backend"},
+}
+# Lines with which an engine's log begins a start (vLLM's CLI and API server, SGLang's
+# arguments).
+_START_MARKERS = ("vLLM API server version", "server_args=ServerArgs(", "Launching vLLM",
+                  "non-default args:")
 
-_SUPPORTED = (
-    re.compile(r"Unknown NVFP4 backend '[^']*'; supported: (?P<list>[\w ,.-]+)"),
-    re.compile(r"Invalid value '[^']*' for VLLM_NVFP4_GEMM_BACKEND\. Valid options: \[(?P<list>[^\]]*)\]"),
-    re.compile(r"invalid choice: '[^']*' \(choose from (?P<list>[^)]*)\)"),
-)
+# The end of vLLM's MoE oracle line: the backends its default rule considered, in its order
+# ("... out of potential backends: ['FLASHINFER_CUTLASS', 'VLLM_CUTLASS', ...]").
+_POTENTIAL = re.compile(r"out of potential backends: \[(?P<list>[^\]]*)\]")
+
+# argparse: "argument --moe-backend: invalid choice: 'x' (choose from a, b, c)" (3.12+)
+# or "... (choose from 'a', 'b', 'c')" (before 3.12).
+_INVALID_CHOICE = re.compile(r"argument (?P<flag>[-\w/ ,]+?): invalid choice: (?P<value>'[^']*'|\S+) "
+                             r"\(choose from (?P<list>[^)]*)\)")
 
 
-def supported_from_error(text: str) -> list[str] | None:
-    """The backend names an engine's refusal lists, in its order, or None when the text
-    holds no such list."""
-    for regex in _SUPPORTED:
-        matches = list(regex.finditer(text))
-        if matches:
-            names = [n.strip().strip("'\"").lower() for n in matches[-1]["list"].split(",")]
-            return list(dict.fromkeys(n for n in names if n and n != UNKNOWN_BACKEND))
-    return None
+def supported_from_error(text: str, flag: str | None = None) -> list[str] | None:
+    """The names argparse's `invalid choice` refusal lists (for `flag` when given), in its
+    order, or None when the text holds no such refusal."""
+    matches = [m for m in _INVALID_CHOICE.finditer(text)
+               if flag is None or flag in [f.strip() for f in m["flag"].split("/")]]
+    if not matches:
+        return None
+    names = [n.strip().strip("'\"") for n in matches[-1]["list"].split(",")]
+    return list(dict.fromkeys(n for n in names if n and n != UNKNOWN_BACKEND))
+
+
+def backend_flag(engine: str, version: str, layer: str) -> str | None:
+    """The flag of `version` that chooses `layer`'s backend, None when it has none (SGLang
+    releases without --fp4-gemm-backend)."""
+    name = FLAG_OF_LAYER.get(engine, {}).get(layer)
+    if name is None:
+        return None
+    try:
+        table = release(engine, version)
+    except LookupError:
+        return None
+    return name if table_flag(table, name) is not None else None
+
+
+def declared_choices(engine: str, version: str, layer: str) -> list[str]:
+    """The choices the version's table records for `layer`'s flag (what argparse would
+    list), without `auto`; empty when the version has no such flag."""
+    name = backend_flag(engine, version, layer)
+    if name is None:
+        return []
+    entry = table_flag(release(engine, version), name) or {}
+    return [str(c) for c in entry.get("choices") or [] if c != "auto"]
+
+
+def refusal_argv(argv: Sequence[str], flag: str) -> list[str]:
+    """`argv` with `flag` set to a name no version has (any value it had replaced)."""
+    out: list[str] = []
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token == flag:
+            skip = True
+            continue
+        if token.startswith(flag + "="):
+            continue
+        out.append(token)
+    return [*out, flag, UNKNOWN_BACKEND]
+
+
+def reads_env(engine: str, version: str, name: str) -> bool:
+    """Whether the version reads the variable `name` (its table's registry or a direct read)."""
+    try:
+        env = release(engine, version).get("env") or {}
+    except LookupError:
+        return False
+    return name in (env.get("registry") or ()) or name in (env.get("read_directly") or ())
+
+
+def pinned_env(config: Mapping[str, Any]) -> dict[str, str]:
+    """The customer's variables that would pin a backend in their picture of the engine and
+    that the configuration's version does not read (none of the modelled versions reads
+    any of them): they chose nothing, and vLLM warned about each."""
+    env = config.get("env") or {}
+    engine = str((config.get("engine") or {}).get("name") or "")
+    version = str((config.get("engine") or {}).get("version") or "")
+    return {k: str(v) for k, v in env.items()
+            if k in PIN_ENV and not (engine and version and reads_env(engine, version, k))}
+
+
+def unknown_env_warned(engine: str, lines: Iterable[str]) -> list[str]:
+    """The variables the engine's log says it does not read (vLLM's `Unknown vLLM
+    environment variable detected: NAME`)."""
+    return list(dict.fromkeys(str(e["name"]) for e in parse_log(engine, lines)
+                              if e.get("kind") == "unknown_env" and e.get("name")))
+
+
+def preference_order(lines: Iterable[str]) -> list[str]:
+    """The MoE backends the version's default rule considered on this device, first
+    preferred first, as the engine's own MoE line lists them (vLLM); the last such line
+    wins. Empty when no line lists them (SGLang on GB10; a run whose flag named one)."""
+    order: list[str] = []
+    for line in lines:
+        if m := _POTENTIAL.search(line):
+            order = [normalize_backend(n) for n in m["list"].split(",") if n.strip(" '\"")]
+    return list(dict.fromkeys(order))
 
 
 def current_run(lines: list[str]) -> list[str]:
@@ -71,38 +168,15 @@ def backend_events(engine: str, lines: Iterable[str]) -> list[dict[str, Any]]:
     return list(by_layer.values())
 
 
-def discovery_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The configuration with every backend choice left to the environment variable, set
-    to a name no engine has."""
-    out = copy.deepcopy(dict(config))
-    serving = dict(out.get("serving") or {})
-    serving["moe_backend"] = "auto"
-    serving["linear_backend"] = "auto"
-    out["serving"] = serving
-    env = {k: v for k, v in (out.get("env") or {}).items() if k not in PIN_ENV}
-    env[DISCOVERY_ENV] = UNKNOWN_BACKEND
-    out["env"] = env
-    return out
-
-
-def expressible(engine: str, layer: str, backend: str) -> bool:
-    accepted = (MOE_BACKENDS if layer == "moe" else LINEAR_BACKENDS).get(engine, ())
-    return backend in accepted and backend != "auto"
-
-
-def declared_backends(engine: str, layers: Iterable[str]) -> list[str]:
-    """The backend names the engine's flags accept for these layers (its argparse choices),
-    for when the engine would not list them itself."""
-    out: list[str] = []
-    for layer in layers:
-        table = MOE_BACKENDS if layer == "moe" else LINEAR_BACKENDS
-        out.extend(b for b in table.get(engine, ()) if b != "auto")
-    return list(dict.fromkeys(out))
+def expressible(engine: str, version: str, layer: str, backend: str) -> bool:
+    """Whether the version's flag for `layer` takes `backend`."""
+    return backend != "auto" and backend in declared_choices(engine, version, layer)
 
 
 def backend_changes(config: Mapping[str, Any], backend: str, layers: Iterable[str]) -> list[dict[str, Any]]:
     """The (path, from, to) triples that make the engine use `backend` for `layers`: the
-    engine's flag for each layer, and every environment pin removed."""
+    engine's flag for each layer, and every variable the customer thought pinned a backend
+    removed (no modelled version reads them)."""
     serving = config.get("serving") or {}
     env = config.get("env") or {}
     out = []
@@ -110,8 +184,9 @@ def backend_changes(config: Mapping[str, Any], backend: str, layers: Iterable[st
         field = FIELD_OF_LAYER[layer]
         if serving.get(field) != backend:
             out.append({"path": f"serving.{field}", "from": serving.get(field), "to": backend})
+    pinned = pinned_env(config)
     for name in PIN_ENV:
-        if name in env:
+        if name in pinned:
             out.append({"path": f"env.{name}", "from": env[name], "to": None})
     return out
 

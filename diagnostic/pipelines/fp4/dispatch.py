@@ -34,6 +34,7 @@ class DispatchTable:
     version: int
     sha256: str
     rows: tuple[dict[str, Any], ...]
+    capabilities: tuple[dict[str, Any], ...] = ()
 
 
 def release(version: str) -> tuple[int, ...] | None:
@@ -103,7 +104,66 @@ def load_table(path: Path = TABLE_PATH) -> DispatchTable:
     if not isinstance(data, dict) or data.get("schema") != TABLE_SCHEMA:
         raise DispatchTableError(f"{path.name}: schema must be {TABLE_SCHEMA}")
     rows = tuple(_check_row(i, r) for i, r in enumerate(data.get("rows") or []))
-    return DispatchTable(int(data.get("version", 0)), hashlib.sha256(raw).hexdigest(), rows)
+    caps = tuple(_check_capability(i, c) for i, c in enumerate(data.get("capabilities") or []))
+    return DispatchTable(int(data.get("version", 0)), hashlib.sha256(raw).hexdigest(), rows, caps)
+
+
+def _check_capability(index: int, entry: Any) -> dict[str, Any]:
+    where = f"capabilities[{index}]"
+    if not isinstance(entry, dict):
+        raise DispatchTableError(f"{where}: must be a mapping")
+    for key in ("id", "engine", "versions", "compute_capability", "sources", "recorded"):
+        if not entry.get(key):
+            raise DispatchTableError(f"{where}.{key}: missing")
+    version_in("0", str(entry["versions"]))
+    for layer in LAYERS:
+        block = entry.get(layer)
+        if block is None:
+            continue
+        if not isinstance(block, dict) or not isinstance(block.get("can"), list):
+            raise DispatchTableError(f"{where}.{layer}.can: a list of backend names is needed")
+        both = set(block["can"]) & set(block.get("cannot") or [])
+        if both:
+            raise DispatchTableError(f"{where}.{layer}: {sorted(both)} both can and cannot")
+    for j, source in enumerate(entry["sources"]):
+        url = source.get("url") if isinstance(source, dict) else None
+        if not isinstance(url, str) or not url.startswith("https://"):
+            raise DispatchTableError(f"{where}.sources[{j}].url: a public https URL is needed")
+    return dict(entry)
+
+
+def capability(*, engine: str, version: str, compute_capability: str | None, layer: str,
+               table: DispatchTable | None = None) -> dict[str, Any] | None:
+    """The table's capability block for `layer` on this engine version and device (with
+    the entry's id and sources), or None when the table has none."""
+    table = table or load_table()
+    for entry in table.capabilities:
+        if entry["engine"] == engine and compute_capability is not None \
+                and str(entry["compute_capability"]) == str(compute_capability) \
+                and version_in(version, str(entry["versions"])) and isinstance(entry.get(layer), dict):
+            return {**entry[layer], "id": entry["id"], "sources": [s["url"] for s in entry["sources"]]}
+    return None
+
+
+def can_run(backend: str, block: dict[str, Any] | None) -> tuple[bool, str]:
+    """Whether the table lets `backend` be tried on the device, and why not."""
+    if block is None:
+        return True, ""
+    if backend in (block.get("cannot") or []):
+        return False, f"cannot run NVFP4 on this device (dispatch table {block['id']})"
+    if backend not in block["can"]:
+        return False, f"not an NVFP4 path on this device (dispatch table {block['id']})"
+    return True, ""
+
+
+def default_backend(*, engine: str, version: str, compute_capability: str | None, layer: str,
+                    table: DispatchTable | None = None) -> str | None:
+    """The backend the version's default rule picks for `layer` on the device, when the
+    table records it (what ran when the flag says auto and the log names none)."""
+    block = capability(engine=engine, version=version, compute_capability=compute_capability,
+                       layer=layer, table=table)
+    value = (block or {}).get("default")
+    return str(value) if value else None
 
 
 def find_row(

@@ -2,18 +2,24 @@
 correct one (METHODOLOGY.md "FP4 correctness").
 
 On the configuration with the earlier stages' fixes applied: read the backend the engine
-chose from its log and look it up in the dispatch table; run the four checks (table,
-canaries, prompt likelihood, kernel probe) on it. A sound default ends there: no finding,
-no change. Otherwise learn the backends the engine accepts from its own refusal of an
-unknown one, restart with each, run the same checks and a short decode measurement (n = 5
-per workload), and choose the fastest backend that passes every check. Speed is measured
+chose from its log (from the flags and the version's rule where it logs none) and look it
+up in the dispatch table; run the four checks (table, canaries, prompt likelihood, kernel
+probe) on it. A sound default ends there: no finding, no change. Otherwise learn the names
+the version accepts from argparse's refusal of an unknown one (a process that stops at
+argument parsing: no engine start), keep those the dispatch table lets run NVFP4 on the
+device, restart with each in the version's own order of preference (its MoE line's list
+of potential backends; the table's order), switching the layers the evidence implicates,
+run the same checks and a short decode measurement (n = 5 per workload), and choose the
+fastest backend that passes every check; between equally fast ones (no interval shows
+a lead over 5 %) the version's order of preference decides. Speed is measured
 without speculative decoding, on the default too: a kernel's cost is the target model's,
 and draft acceptance over short runs spreads the rates 5-10 % (3 % without it), which would
 hide the cost the stop rule below has to bound. The search ends at the first backend that
-passes them with its speed cost against the default shown to be under 5 %: the fix then
-costs nothing the measurement resolves, and the backends not tried are listed with that
-reason. The report gets the verdicts before and after, the speed cost of correctness
-against the broken default with intervals, and canary examples side by side.
+passes them with no speed cost against the default that the measurement shows (its mean
+within 5 % and its interval reaching the default's): the fix then costs nothing the
+measurement resolves, and the backends not tried are listed with that reason. The report
+gets the verdicts before and after, the speed cost of correctness against the broken
+default with intervals, and canary examples side by side.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from diagnostic.pipelines.fp4.api import ModelEndpoint
 from diagnostic.pipelines.fp4.passrate import GARBAGE, HEALTHY, PassRate, difference_interval
 from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
 from diagnostic.pipelines.stats import welch
-from lab.session import LabError, LabSession, LaunchFailed
+from lab.session import LabError, LabSession, LaunchFailed, spec_bytes
 
 FINDING = "fp4.kernel_dispatch"
 SECTION_SCHEMA = "diagnostic.fp4/1"
@@ -95,6 +101,8 @@ class _Stage:
         self.notes: list[str] = []
         self.head = session.inventory.head.name
         self._vocab: int | bool | None = False
+        # The backend names each layer's flag takes, as the engine listed them (_discover).
+        self.accepted: dict[str, list[str]] = {}
 
     # -- lab time -------------------------------------------------------------------------
     def spent(self) -> float:
@@ -130,6 +138,8 @@ class _Stage:
         lines = self.session.logs(self.head, since=0).text.splitlines()
         return {
             "events": bk.backend_events(self.engine, lines),
+            "preference": bk.preference_order(lines),
+            "warned_env": bk.unknown_env_warned(self.engine, lines),
             "launch_s": round(result.cold_start_s, 3),
             "lab_s": round(self.session.clock.now() - t0, 3),
         }
@@ -139,9 +149,14 @@ class _Stage:
         if not self.session.serves(self.config):
             self.log("fp4: the configuration is not serving; starting it (warm)")
             return self.launch(self.config)
-        text = self.session.logs(self.head, since=0).text
+        lines = self.session.logs(self.head, since=0).text.splitlines()
+        run = bk.current_run(lines)
         return {
-            "events": bk.backend_events(self.engine, bk.current_run(text.splitlines())),
+            "events": bk.backend_events(self.engine, run),
+            "preference": bk.preference_order(run),
+            # vLLM warns about a variable it does not read as the process starts, before
+            # the line that begins the run's arguments in some releases.
+            "warned_env": bk.unknown_env_warned(self.engine, lines),
             "launch_s": None,
             "lab_s": 0.0,
         }
@@ -200,6 +215,7 @@ class _Stage:
             m = measure_on_session(
                 self.session,
                 engine=self.engine,
+                version=str(self.config["engine"]["version"]),
                 workloads=list(self.config["workloads"]),
                 n=self.measure_n,
                 warmup=MEASURE_WARMUP,
@@ -275,6 +291,54 @@ def _lead(first: Mapping[str, Any], second: Mapping[str, Any]) -> str:
     return f"{first['backend']} leads {second['backend']}, the next correct backend: " + (
         "; ".join(parts) if parts else "no comparable rates"
     )
+
+
+def _as_fast(fastest: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """Whether `other` is as fast as `fastest` by the short measurement: on no workload does
+    the 95 % interval of its difference (Welch) show it slower by more than NO_COST_PCT %,
+    the cost the stage's stop rule already treats as none. A lead the measurement cannot
+    resolve is no lead; rates that cannot be compared are not as fast."""
+    cost = _speed_cost(fastest.get("rate"), other.get("rate"))
+    return bool(cost) and all(
+        c["diff_pct_ci95"] is not None and c["diff_pct_ci95"][1] >= -NO_COST_PCT
+        for c in (cost or {}).values())
+
+
+def choose(correct: list[dict[str, Any]], order: list[str], notes: list[str]) -> dict[str, Any] | None:
+    """The fix: the fastest backend that passed every check; between equally fast ones
+    (_as_fast), the one the version's own default rule prefers (`order`, _preference), so
+    the engine keeps its choice where speed does not decide. A correct backend whose rate
+    was not measured is taken only when none was."""
+    if not correct:
+        return None
+    rank = {name: i for i, name in enumerate(order)}
+
+    def preferred(c: Mapping[str, Any]) -> int:
+        return rank.get(str(c["backend"]), len(rank))
+
+    rated = [c for c in correct if _mean_rate(c.get("rate")) is not None]
+    if not rated:
+        chosen = min(correct, key=preferred)
+        chosen["_why"] = f"{chosen['backend']} passes every check (its speed was not measured)"
+        return chosen
+    rated.sort(key=lambda c: float(_mean_rate(c.get("rate")) or 0.0), reverse=True)
+    fastest = rated[0]
+    ties = [c for c in rated if c is fastest or _as_fast(fastest, c)]
+    chosen = min(ties, key=preferred)
+    if chosen is fastest:
+        chosen["_why"] = f"{chosen['backend']} is the fastest FP4 backend that passes every check"
+        if len(rated) > 1:
+            notes.append(_lead(chosen, rated[1]))
+        return chosen
+    chosen["_why"] = (f"{chosen['backend']} passes every check and is as fast as the fastest that does "
+                      f"({fastest['backend']}); the version's own order of preference decides between them")
+    parts = [f"{w} {c['diff_pct']:+.1f} % [{c['diff_pct_ci95'][0]:+.1f}, {c['diff_pct_ci95'][1]:+.1f}]"
+             for w, c in (_speed_cost(fastest.get("rate"), chosen.get("rate")) or {}).items()]
+    notes.append(
+        f"{chosen['backend']} is as fast as {fastest['backend']} by the measurement: no interval shows it "
+        f"slower by more than {NO_COST_PCT:g} % ({'; '.join(parts)}); between equally fast correct backends "
+        f"the one the version's default rule prefers is chosen ({' > '.join(order)})")
+    return chosen
 
 
 def _speed_cost(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -353,6 +417,27 @@ def _candidate_record(
     return rec
 
 
+def ran_by_rule(engine: str, version: str, config: Mapping[str, Any], cc: str | None) -> list[dict[str, Any]]:
+    """Which backend each layer ran when the log does not say (SGLang on GB10 logs no
+    backend line): the flag's value, or the version's default rule for the device from the
+    dispatch table when the flag says auto. Layers whose flag the version lacks and whose
+    rule the table does not record are left out."""
+    serving = config.get("serving") or {}
+    out: list[dict[str, Any]] = []
+    for layer in ("moe", "linear"):
+        chosen = serving.get(bk.FIELD_OF_LAYER[layer])
+        has_flag = bk.backend_flag(engine, version, layer) is not None
+        if has_flag and chosen not in (None, "auto"):
+            out.append({"backend": str(chosen), "layer": layer, "line": None, "source": "flags",
+                        "rule": f"{bk.backend_flag(engine, version, layer)} {chosen}"})
+            continue
+        default = dispatch.default_backend(engine=engine, version=version, compute_capability=cc, layer=layer)
+        if default is not None:
+            out.append({"backend": default, "layer": layer, "line": None, "source": "flags",
+                        "rule": f"{engine} {version}'s default on compute capability {cc}"})
+    return out
+
+
 def run_fp4(
     session: LabSession,
     config: Mapping[str, Any],
@@ -382,21 +467,31 @@ def run_fp4(
     progress(2, "reading the FP4 backend the engine chose")
     cc = stage.compute_capability()
     first = stage.serving_backends()
-    events = first["events"]
-    if not events:
+    events = first["events"] or ran_by_rule(stage.engine, stage.version, stage.config, cc)
+    first["events"] = events
+    if events and events[0].get("source") == "flags":
         stage.notes.append(
-            "the engine log names no FP4 backend; the customer's kernel path is checked "
-            "without a dispatch-table lookup"
+            f"{stage.engine} {stage.version} logs no FP4 backend line on this device: the backend that ran "
+            "is known from the flags and the version's default rule ("
+            + ", ".join(f"{e['layer']} {e['backend']}" for e in events) + ")"
+        )
+    elif not events:
+        stage.notes.append(
+            "the engine log names no FP4 backend and the dispatch table has no default rule for this "
+            "version and device; the customer's kernel path is checked without a dispatch-table lookup"
+        )
+    pinned = bk.pinned_env(stage.config)
+    if pinned:
+        warned = [n for n in sorted(pinned) if n in (first.get("warned_env") or [])]
+        stage.notes.append(
+            f"{', '.join(sorted(pinned))} in the configuration's environment: {stage.engine} {stage.version} "
+            "reads no such variable, so it chose no backend ("
+            + (f"the engine's log warns 'Unknown vLLM environment variable detected' for {', '.join(warned)}"
+               if warned else "it is in none of the version's environment lists")
+            + "); the backend is chosen by flags alone, and a fix removes the variable"
         )
     backend_before = events[0]["backend"] if events else "unknown"
-    layers = [e["layer"] for e in events] or ["moe"]
-    table_row = dispatch.find_row(
-        engine=stage.engine,
-        version=stage.version,
-        compute_capability=cc,
-        backend=backend_before,
-        layer=layers[0],
-    )
+    layers, table_row = _layers_to_switch(stage, events, backend_before, cc)
     if table_row is not None:
         log(
             f"fp4: the dispatch table has {table_row['id']} for {backend_before} on {stage.engine} "
@@ -425,7 +520,19 @@ def run_fp4(
     if verdict_before != "correct":
         progress(25, "learning the backends the engine accepts")
         supported, source = _discover(stage, layers)
-        others = [b for b in supported if b != backend_before]
+        order, where = _preference(stage, first.get("preference") or [], layers, cc)
+        source["preference"] = {"order": order, "from": where}
+        runnable, cannot = _runnable(stage, [b for b in supported if b != backend_before], layers[:1], cc,
+                                     order)
+        source["not_tried"] = cannot
+        candidates.extend(
+            _candidate_record(stage, b, launch=None, checks=None, rate=None, cc=cc, expressed=None,
+                              status="skipped", reason=why)
+            for b, why in cannot.items()
+        )
+        if cannot:
+            log(f"fp4: not trying {', '.join(cannot)} (the dispatch table: no NVFP4 on this device)")
+        others = runnable
         untried = _try_until_free(stage, others, layers, cc, rate_before, candidates)
         # Likelihood is judged against the best perplexity measured on this lab.
         likelihood.judge(
@@ -456,14 +563,7 @@ def run_fp4(
     verdict_before = before["verdict"]
     if verdict_before != "correct":
         correct = [c for c in candidates[1:] if c.get("verdict") == "correct"]
-        rated = [c for c in correct if _mean_rate(c.get("rate")) is not None]
-        if rated:
-            rated.sort(key=lambda c: float(_mean_rate(c.get("rate")) or 0.0), reverse=True)
-            chosen = rated[0]
-            if len(rated) > 1:
-                stage.notes.append(_lead(chosen, rated[1]))
-        elif correct:
-            chosen = correct[0]
+        chosen = choose(correct, (source.get("preference") or {}).get("order") or [], stage.notes)
     progress(95, "writing the FP4 section")
     return _result(stage, config, before, candidates, chosen, table_row, source, layers, cc)
 
@@ -497,18 +597,22 @@ def _rate_without_speculation(stage: _Stage) -> dict[str, Any] | None:
     return stage.rate()
 
 
-# A correct backend whose speed cost against the default is shown (95 % interval) to be
-# under this share on every workload costs nothing that the short measurement can resolve.
+# A correct backend whose measured speed is within this share of the default's on every
+# workload, and not shown slower (the 95 % interval of the difference reaches zero), costs
+# nothing that the short measurement can resolve (n = 5 per workload resolves about 4 %: a
+# weight-only backend's 10-15 % cost is shown at once).
 NO_COST_PCT = 5.0
 
 
 def _no_cost(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> str | None:
     """How a correct candidate compares with the broken default when it costs nothing: on
-    every workload the 95 % interval of its speed difference stays above -NO_COST_PCT %
-    (an interval too wide to show that is not "no cost"). Else None."""
+    every workload its mean is within NO_COST_PCT % below the default's (or above) and the
+    95 % interval of the difference (Welch) does not show it slower. Else None. Each further
+    candidate is a restart with a kernel compile; the version tries its backends in its own
+    order of preference, so one that matches the default's speed ends the search."""
     cost = _speed_cost(before, after)
-    if not cost or any(not c.get("diff_pct_ci95") or c["diff_pct_ci95"][0] < -NO_COST_PCT
-                       for c in cost.values()):
+    if not cost or any(not c.get("diff_pct_ci95") or c["diff_pct"] < -NO_COST_PCT
+                       or c["diff_pct_ci95"][1] < 0 for c in cost.values()):
         return None
     return "; ".join(f"{w} {c['diff_pct']:+.1f} % [{lo:+.1f}, {hi:+.1f}]"
                      for w, c in cost.items() for lo, hi in [c["diff_pct_ci95"]])
@@ -551,57 +655,185 @@ def _try_until_free(
     return {}
 
 
-def _discover(stage: _Stage, layers: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """The backends the engine says it accepts, from its refusal of an unknown one."""
-    probe_config = bk.discovery_config(stage.config)
-    t0 = stage.session.clock.now()
+# An argparse refusal ends the process within seconds: a discovery start that runs longer
+# than this did not refuse (lab seconds).
+DISCOVERY_TIMEOUT_LAB_S = 120.0
+DISCOVERY_POLL_LAB_S = 1.0
+
+
+def _refusal(stage: _Stage, flag: str) -> tuple[list[str] | None, str]:
+    """Start the head rank alone with `flag` set to a name no version has: argparse stops
+    it at once and lists the names it takes. No weight is read, no kernel compiled: the
+    answer costs seconds, not a cold start. Returns the names (None when the engine listed
+    none) and the engine's words."""
+    session = stage.session
+    spec = dict(session.uploaded_specs(stage.config)[0])
+    node = str(spec["node"])
+    spec["argv"] = bk.refusal_argv(list(spec["argv"]), flag)
+    work_dir = next(n.work_dir for n in session.inventory.nodes if n.name == node)
+    path = f"{work_dir}/launch/fp4-discovery.json"
+    session.stop()
+    conn = session.ssh[node]
+    conn.makedirs(f"{work_dir}/launch")
+    conn.put_bytes(spec_bytes(spec), path)
+    began = session.clock.now()
     try:
-        stage.session.launch(probe_config, cold=False, timeout_s=LAUNCH_TIMEOUT_S)
-    except LaunchFailed as exc:
-        text = "\n".join(x for x in (getattr(exc, "engine_error", None) or "", exc.log_tail) if x)
-        names = bk.supported_from_error(text)
-        lab_s = round(stage.session.clock.now() - t0, 3)
-        if names:
-            stage.log(f"fp4: the engine refused an unknown backend and lists: {', '.join(names)}")
-            return names, {
-                "how": "engine refusal of an unknown backend",
-                "env": {bk.DISCOVERY_ENV: bk.UNKNOWN_BACKEND},
-                "supported": names,
-                "lab_s": lab_s,
-            }
-        stage.notes.append(
-            f"the engine refused the unknown backend without listing the supported ones "
-            f"({exc.reason}); its flags' declared choices stand in"
-        )
-    except LabError as exc:
-        stage.notes.append(f"candidate discovery failed ({exc}); the engine flags' declared choices stand in")
-    else:
-        stage.notes.append(
-            f"the engine started with the unknown backend in {bk.DISCOVERY_ENV} (it does not "
-            "read that variable); its flags' declared choices stand in"
-        )
-    names = bk.declared_backends(stage.engine, layers)
-    return names, {
-        "how": "the engine's declared flag choices",
-        "supported": names,
+        session.agent(node, "launch", "--spec", path)
+        while session.clock.now() - began < DISCOVERY_TIMEOUT_LAB_S:
+            if not session.agent(node, "status").get("running"):
+                break
+            session.clock.sleep(DISCOVERY_POLL_LAB_S)
+        text = session.logs(node, since=0).text
+    finally:
+        session.stop([node])
+    return bk.supported_from_error(text, flag), text[-2000:]
+
+
+def _discover(stage: _Stage, layers: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The backend names the version takes for each layer switched, from argparse's
+    refusal of a name it does not have (one seconds-long start per flag, stopped at
+    argument parsing: no engine start); the table's declared choices where the engine's
+    words give no list. The candidates are the first layer's names (the MoE's: the experts
+    are most of the weights); the other layers follow a candidate where their flag takes
+    it (_layers_for)."""
+    t0 = stage.session.clock.now()
+    per_layer: dict[str, list[str]] = {}
+    how: dict[str, str] = {}
+    said: dict[str, str] = {}
+    for layer in layers:
+        flag = bk.backend_flag(stage.engine, stage.version, layer)
+        if flag is None:
+            continue
+        names: list[str] | None = None
+        try:
+            names, words = _refusal(stage, flag)
+            if names is None:
+                last = words.strip().splitlines()[-1] if words.strip() else "no output"
+                stage.notes.append(f"{flag}: the engine did not list its choices when refusing an unknown "
+                                   f"name ({last}); the version's declared choices stand in")
+        except LabError as exc:
+            stage.notes.append(f"{flag}: discovery failed ({exc}); the version's declared choices stand in")
+        if names is None:
+            names = bk.declared_choices(stage.engine, stage.version, layer)
+            how[flag] = f"{stage.engine} {stage.version}'s declared choices"
+        else:
+            how[flag] = "argparse's refusal of an unknown name"
+            said[flag] = next((line.strip() for line in reversed(words.splitlines())
+                               if "invalid choice" in line), "")
+            stage.log(f"fp4: {flag} takes {', '.join(names)}")
+        per_layer[layer] = [n for n in names if n != "auto"]
+    if not per_layer:
+        return [], {"how": "none: the version has no backend flag", "supported": [],
+                    "lab_s": round(stage.session.clock.now() - t0, 3)}
+    stage.accepted = per_layer
+    primary = next(iter(per_layer.values()))
+    return primary, {
+        "how": how,
+        "flags": {str(bk.backend_flag(stage.engine, stage.version, layer)): names
+                  for layer, names in per_layer.items()},
+        "supported": primary,
+        "unknown_name": bk.UNKNOWN_BACKEND,
+        "engine_said": said,
         "lab_s": round(stage.session.clock.now() - t0, 3),
     }
 
 
+def _layers_to_switch(stage: _Stage, events: list[dict[str, Any]], backend: str,
+                      cc: str | None) -> tuple[list[str], dict[str, Any] | None]:
+    """The layers whose backend a candidate replaces, and the dispatch-table row for the
+    suspect backend. Of the layers running the suspect backend (the MoE's, or the first the
+    log names), those the table reports bad or degraded for it on this device when it
+    reports any (vLLM on GB10: the MoE; the linear kernel keeps the version's choice), all
+    of them otherwise. Each candidate's own checks say whether that switch is enough."""
+    running = [str(e["layer"]) for e in events if e["backend"] == backend] or ["moe"]
+    rows = {layer: dispatch.find_row(engine=stage.engine, version=stage.version, compute_capability=cc,
+                                     backend=backend, layer=layer) for layer in running}
+    implicated = [layer for layer in running if (rows[layer] or {}).get("status") in ("bad", "degraded")]
+    layers = implicated or running
+    row = rows[layers[0]] or next((r for r in rows.values() if r is not None), None)
+    return layers, row
+
+
+def _preference(stage: _Stage, logged: list[str], layers: list[str],
+                cc: str | None) -> tuple[list[str], list[str]]:
+    """The order in which the version's default rule considers backends on this device,
+    and where it was read: the engine's own MoE line's list where its log gives one (a
+    run whose flag named a backend lists only that one), then the dispatch table's
+    capability order for the first layer switched (read from the same rule's source).
+    Candidates are tried in this order, and it decides between equally fast correct
+    backends (choose)."""
+    block = dispatch.capability(engine=stage.engine, version=stage.version, compute_capability=cc,
+                                layer=layers[0]) if layers else None
+    from_log = logged if "moe" in layers and len(logged) > 1 else []
+    table = [str(n) for n in (block or {}).get("can") or []]
+    where = (["the engine's MoE line ('out of potential backends')"] if from_log else []) + (
+        [f"dispatch table {block['id']}"] if block and table else [])
+    return list(dict.fromkeys([*from_log, *table])), where
+
+
+def _runnable(stage: _Stage, names: list[str], layers: list[str],
+              cc: str | None, order: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The names the dispatch table lets run NVFP4 on the device for every layer, and why
+    each other one is not tried."""
+    keep: list[str] = []
+    left: dict[str, str] = {}
+    for name in names:
+        for layer in layers:
+            block = dispatch.capability(engine=stage.engine, version=stage.version, compute_capability=cc,
+                                        layer=layer)
+            ok, why = dispatch.can_run(name, block)
+            if not ok:
+                left[name] = f"{layer}: {why}"
+                break
+        else:
+            keep.append(name)
+    # Tried in the version's own order of preference (_preference); names it does not rank
+    # keep the engine's order, after them.
+    rank = {name: i for i, name in enumerate(order)}
+    keep.sort(key=lambda n: rank.get(n, len(rank)))
+    return keep, left
+
+
+def _layers_for(stage: _Stage, backend: str, layers: list[str], cc: str | None) -> list[str]:
+    """The layers of `layers` a candidate is set on: those whose flag takes its name (as the
+    engine listed them, else as the version declares them) and that the dispatch table lets
+    run it on the device. A layer left out keeps the backend it ran (SGLang 0.5.23's
+    --fp4-gemm-backend has no `cutlass`, say)."""
+    out = []
+    for layer in layers:
+        takes = stage.accepted.get(layer)
+        if takes is None:
+            takes = bk.declared_choices(stage.engine, stage.version, layer)
+        block = dispatch.capability(engine=stage.engine, version=stage.version, compute_capability=cc,
+                                    layer=layer)
+        if backend != "auto" and backend in takes and dispatch.can_run(backend, block)[0]:
+            out.append(layer)
+    return out
+
+
 def _try_candidate(stage: _Stage, backend: str, layers: list[str], cc: str | None) -> dict[str, Any]:
     skip = None
-    if not all(bk.expressible(stage.engine, layer, backend) for layer in layers):
-        skip = f"the configuration has no field that selects it for {'/'.join(layers)} on {stage.engine}"
+    switch = _layers_for(stage, backend, layers, cc)
+    if not layers or switch[:1] != layers[:1]:
+        skip = (f"{stage.engine} {stage.version} has no flag choice that selects it for "
+                f"{layers[0] if layers else 'any layer'}")
     elif stage.over_budget():
         skip = f"the stage's lab-time budget ({stage.budget_lab_s:g} s) was spent"
     if skip is not None:
         return _candidate_record(stage, backend, launch=None, checks=None, rate=None, cc=cc, expressed=None,
                                  status="skipped", reason=skip)
-    expressed = bk.backend_changes(stage.config, backend, layers)
+    expressed = bk.backend_changes(stage.config, backend, switch)
+    kept = [layer for layer in layers if layer not in switch]
+    if kept:
+        stage.notes.append(f"{backend}: set on {'/'.join(switch)} only; {'/'.join(kept)} keeps the backend "
+                           f"it ran ({stage.engine} {stage.version} cannot select {backend} there)")
     variant = apply_changes(stage.candidate_base, expressed)
     try:
         launch = stage.launch(variant)
     except LaunchFailed as exc:
+        # The only difference from a configuration that starts is this backend: its failure
+        # (at model init, with the engine's error) says the backend cannot run here, not
+        # that the customer's configuration is at fault.
         return _candidate_record(
             stage,
             backend,
@@ -610,9 +842,11 @@ def _try_candidate(stage: _Stage, backend: str, layers: list[str], cc: str | Non
             rate=None,
             cc=cc,
             expressed=expressed,
-            status="refused",
-            reason=exc.reason,
+            status="unsupported",
+            reason=f"the engine did not start with it: {exc.reason}",
         )
+    if not launch["events"]:
+        launch["events"] = ran_by_rule(stage.engine, stage.version, variant, cc)
     chose = [e["backend"] for e in launch["events"]]
     if chose and backend not in chose:
         return _candidate_record(
@@ -752,7 +986,7 @@ def _result(
                     c["from"],
                     c["to"],
                     finding=FINDING,
-                    why=f"{chosen['backend']} is the fastest FP4 backend that passes every check",
+                    why=str(chosen.get("_why") or f"{chosen['backend']} passes every check"),
                 )
                 for c in chosen["expressed_as"]
             ]
@@ -809,7 +1043,7 @@ def _finding(
     change_block: dict[str, Any] = {
         "config": config_map,
         "flags": bk.flags_for(stage.engine, chosen["expressed_as"]),
-        "note": f"{chosen['backend']} is the fastest backend that passed every check "
+        "note": f"{chosen.get('_why') or chosen['backend'] + ' passes every check'} "
         f"({rate_a.passed}/{rate_a.n} canaries).",
     }
     if env:

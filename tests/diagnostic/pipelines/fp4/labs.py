@@ -36,8 +36,11 @@ def scenario(
     speed: Mapping[str, float] | None = None,
     seed: int = 7,
     dilation: float = DILATION,
+    engine: Mapping[str, str] | None = None,
 ) -> Scenario:
     data = yaml.safe_load(REFERENCE_SCENARIO.read_text())
+    if engine is not None:
+        data["engine"] = dict(engine)
     data["name"] = f"fp4-{default}-{'-'.join(broken) or 'sound'}"
     data["seed"] = seed
     data["dilation"] = dilation
@@ -51,13 +54,19 @@ def scenario(
     return parse_scenario(data)
 
 
-def config(*, env: Mapping[str, str] | None = None, **serving: Any) -> dict[str, Any]:
+def config(*, env: Mapping[str, str] | None = None, engine: Mapping[str, str] | None = None,
+           **serving: Any) -> dict[str, Any]:
     """The reference customer configuration after triage: kept JIT cache, a fast loader
-    and the data-path NCCL variables, so that each restart is a short warm one."""
+    and the data-path NCCL variables, so that each restart is a short warm one (another
+    engine with its own default loader)."""
     raw = yaml.safe_load(REFERENCE_CONFIG.read_text())
     needs = yaml.safe_load(REFERENCE_SCENARIO.read_text())["truth"]["load"]["rendezvous"]["needs"]
     raw = copy.deepcopy(raw)
-    raw["serving"].update({"jit_cache": "persisted", "load_format": "fastsafetensors", **serving})
+    fast = {"jit_cache": "persisted", "load_format": "fastsafetensors"}
+    if engine is not None:
+        raw["engine"] = dict(engine)
+        fast = {"jit_cache": "persisted"}
+    raw["serving"].update({**fast, **serving})
     raw["env"] = {**needs, **(env or {})}
     return normalize_config(raw)
 
@@ -80,5 +89,6 @@ def run_and_relaunch_tuned(tmp_path: Path, scn: Scenario, cfg: dict[str, Any]) -
         if result["config_changes"]:
             session.launch(apply_changes(cfg, result["config_changes"]), cold=False)
             run = current_run(session.logs(since=0).text.splitlines())
-            result["tuned_backends"] = [e["backend"] for e in backend_events("vllm", run)]
+            result["tuned_backends"] = [e["backend"] for e in backend_events(cfg["engine"]["name"], run)]
+            result["tuned_config"] = apply_changes(cfg, result["config_changes"])
         return result

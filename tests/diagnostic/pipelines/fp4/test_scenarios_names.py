@@ -11,28 +11,51 @@ from .labs import config, run_and_relaunch_tuned, scenario
 
 
 def test_other_backend_names(tmp_path: Path) -> None:
-    # The simulator keeps its default backends beside these; the ones not broken here are
-    # FlashInfer CUTLASS, Triton and Marlin.
+    """The native backends broken: the GB10 kernels (flashinfer_b12x, b12x) are tried and
+    Triton, which has no NVFP4 kernel for sm_121, never is."""
     scn = scenario(
-        default="flashinfer_trtllm",
-        broken=["flashinfer_trtllm", "cutlass", "flashinfer_cutlass"],
-        speed={"flashinfer_trtllm": 1.0, "cutlass": 0.9, "triton": 2.0, "marlin": 1.2},
+        default="flashinfer_cutlass",
+        broken=["flashinfer_cutlass", "cutlass"],
+        speed={"flashinfer_cutlass": 1.0, "cutlass": 1.0, "flashinfer_b12x": 1.0, "b12x": 1.0, "marlin": 1.2},
     )
     result = run_and_relaunch_tuned(tmp_path, scn, config())
     fp4 = result["section"]
-    assert fp4["backend_before"] == "flashinfer_trtllm" and fp4["verdict"] == "garbage"
-    assert fp4["table_row"] is None  # the table knows nothing of it; the checks decide
-    assert set(fp4["candidates_source"]["supported"]) >= {"flashinfer_trtllm", "cutlass", "triton", "marlin"}
-    assert fp4["backend_after"] == "marlin"  # triton is correct too, but far slower
-    assert {c["backend"]: c["verdict"] for c in fp4["candidates"]}["triton"] == "correct"
+    assert fp4["backend_before"] == "flashinfer_cutlass" and fp4["verdict"] == "garbage"
+    assert {"flashinfer_b12x", "b12x", "triton", "marlin"} <= set(fp4["candidates_source"]["supported"])
+    # Both GB10 kernels are correct and equally fast: the one vLLM's own rule considers first.
+    assert fp4["backend_after"] == "flashinfer_b12x"
+    statuses = {c["backend"]: c["status"] for c in fp4["candidates"]}
+    assert statuses["triton"] == "skipped" and statuses["cutlass"] == "measured"
     assert [f["code"] for f in result["findings"]] == [FINDING]
 
 
 def test_no_correct_backend(tmp_path: Path) -> None:
-    scn = scenario(default="flashinfer_cutlass", broken=["flashinfer_cutlass", "cutlass", "marlin"])
+    scn = scenario(default="flashinfer_cutlass",
+                   broken=["flashinfer_cutlass", "cutlass", "flashinfer_b12x", "b12x", "marlin"])
     result = run_and_relaunch_tuned(tmp_path, scn, config())
     fp4 = result["section"]
     assert fp4["verdict"] == "garbage" and fp4["backend_after"] is None and fp4["verdict_after"] is None
     assert result["config_changes"] == []
     assert result["findings"][0]["change"] is None
     assert "no correct backend" in result["findings"][0]["title"]
+
+
+def test_sglang_which_logs_no_backend(tmp_path: Path) -> None:
+    """SGLang 0.5.23 on GB10 logs no backend line: what ran is known from the flags and its
+    rule. Its --fp4-gemm-backend has no `cutlass`: the MoE runner is switched and the GEMM
+    keeps its backend, rather than both going to the one name both flags take (Marlin)."""
+    engine = {"name": "sglang", "version": "0.5.23"}
+    scn = scenario(default="flashinfer_cutlass", broken=["flashinfer_cutlass"], engine=engine)
+    result = run_and_relaunch_tuned(tmp_path, scn, config(engine=engine))
+    fp4 = result["section"]
+    assert fp4["verdict"] == "garbage" and fp4["backend_before"] == "flashinfer_cutlass"
+    assert any("logs no FP4 backend line" in n for n in fp4["notes"])
+    assert fp4["layers"] == ["moe", "linear"]
+    source = fp4["candidates_source"]
+    assert set(source["how"]) == {"--moe-runner-backend", "--fp4-gemm-backend"}
+    assert "cutlass" not in source["flags"]["--fp4-gemm-backend"]
+    assert fp4["backend_after"] == "cutlass" and fp4["verdict_after"] == "correct"
+    assert [(c["path"], c["to"]) for c in result["config_changes"]] == [("serving.moe_backend", "cutlass")]
+    assert any(n.startswith("cutlass: set on moe only; linear keeps") for n in fp4["notes"])
+    assert result["findings"][0]["change"]["flags"] == ["--moe-runner-backend", "cutlass"]
+    assert result["tuned_config"]["serving"]["linear_backend"] == "auto"

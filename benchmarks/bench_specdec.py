@@ -139,7 +139,8 @@ class Physics:
         t_comm = layers * 2 * float(data["cluster"]["network"].get("collective_latency_us", 120)) / 1000.0
         t_step = t_mem + t_comm + float(decode.get("step_overhead_ms", 8.0))
         weights_per_node_gb = 597.0 / tp
-        restart = 20.0 + weights_per_node_gb / 20.0 + 8.0 + 10.0 + 15.0 + 75.0 + 5.0
+        # process start, weights from page cache, rendezvous, model init, warm JIT, KV, graphs, API
+        restart = 20.0 + weights_per_node_gb / 20.0 + 8.0 + 2.0 + 10.0 + 15.0 + 75.0 + 5.0
         return cls(
             t_step,
             float(decode.get("verify_growth", 0.2)),

@@ -170,7 +170,8 @@ def measure_customer(ctx: StageContext, config: dict[str, Any]) -> dict[str, Any
     ctx.progress(85, "measuring the customer's configuration where it serves (delivered tokens)")
     began = ctx.session.clock.now()
     try:
-        section = measure_on_session(ctx.session, engine=str(config["engine"]["name"]), workloads=workloads,
+        section = measure_on_session(ctx.session, engine=str(config["engine"]["name"]),
+                                     version=str(config["engine"]["version"]), workloads=workloads,
                                      progress=lambda msg: ctx.log(f"customer: {msg}"))
     except (MeasurementError, EndpointError, LabError) as exc:
         ctx.log(f"the customer's configuration was not measured here ({exc}); the measure stage will")

@@ -13,7 +13,8 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lab.engines import normalize_config
+from lab.catalog import Catalog
+from lab.engines import normalize_config, renormalize
 
 Change = dict[str, Any]
 
@@ -42,9 +43,12 @@ def get_path(config: Mapping[str, Any], path: str) -> Any:
     return node
 
 
-def apply_changes(config: Mapping[str, Any], changes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def apply_changes(config: Mapping[str, Any], changes: Iterable[Mapping[str, Any]], *,
+                  catalog: Catalog | None = None) -> dict[str, Any]:
     """`config` with every change applied in order, normalized again (a change may make another
-    field's default differ, e.g. a speculative method that takes no draft model)."""
+    field's default differ, e.g. a speculative method that takes no draft model). With the
+    lab's `catalog`, also admitted by it; without, the catalog check is left to `render`,
+    which admits every launch against the lab's catalog before a node sees it."""
     out: dict[str, Any] = copy.deepcopy(dict(config))
     for item in changes:
         path = str(item.get("path") or "")
@@ -68,7 +72,7 @@ def apply_changes(config: Mapping[str, Any], changes: Iterable[Mapping[str, Any]
             node[leaf] = value
     # A launch command the customer pasted was parsed into the structured fields already;
     # the normalized form never carries it, so re-normalizing sees only fields.
-    return normalize_config(out)
+    return normalize_config(out, catalog=catalog) if catalog is not None else renormalize(out)
 
 
 def changed_paths(changes: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -221,6 +221,8 @@ CAUSE_EVIDENCE_LABELS = {
     "usage_above_retokenized": "Usage above re-tokenized count",
     "content_chunks": "Stream chunks",
     "chunks_per_token": "Chunks per token",
+    # SGLang serves no draft counters: the counts are derived from its accept len / rate.
+    "counts_from": "Draft counts from",
 }
 
 

@@ -32,6 +32,7 @@ from diagnostic.pipelines.fp4.backends import PIN_ENV
 from diagnostic.pipelines.measure.protocol import measure_on_session
 from diagnostic.pipelines.roofline import fraction_of_bound, roofline
 from diagnostic.pipelines.stats import compare, welch
+from lab.catalog import Catalog
 from lab.engines import launch_view, parse_log
 
 CUSTOMER = "customer"
@@ -66,7 +67,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.add_findings(section.pop("findings", []))
     ctx.check_cancelled()
     facts = ctx.session.facts()
-    bounds = {CUSTOMER: _roofline(customer, facts, section, workloads)}
+    bounds = {CUSTOMER: _roofline(customer, facts, section, workloads, ctx.catalog)}
     sections: dict[str, Any] = {}
     if changed:
         ctx.progress(50, "starting the tuned configuration with cold caches")
@@ -110,7 +111,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
             w: _difference(section[w], after[w]) for w in workloads
             if section[w].get("ci95") is not None and after.get(w, {}).get("ci95") is not None
         }
-        bounds[TUNED] = _roofline(tuned, facts, after, workloads)
+        bounds[TUNED] = _roofline(tuned, facts, after, workloads, ctx.catalog)
         # Merged into the triage stage's cold_start section (findings.build_findings).
         sections["cold_start"] = {
             "_merge": True,
@@ -215,6 +216,7 @@ def _measure(
     section = measure_on_session(
         ctx.session,
         engine=config["engine"]["name"],
+        version=config["engine"].get("version"),
         workloads=workloads,
         progress=lambda msg: ctx.log(f"{label}: {msg}"),
     )
@@ -268,27 +270,27 @@ def _difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
 
 
 def mean_acceptance_length(config: dict[str, Any], workload: dict[str, Any]) -> float | None:
-    """Tokens emitted per verify step, from the engine's spec-decode counters over the runs:
-    1 + k × accepted / drafted (each step drafts k). None without speculation or counters."""
-    spec = config.get("speculative")
-    if not spec:
+    """Tokens emitted per verify step, as the engine says over the runs (the measurement's
+    `draft_acceptance`): vLLM's 1 + accepted / drafts (spec_decode_num_drafts_total; a draft
+    may propose fewer than k tokens, so drafted / k is not the number of drafts), SGLang's
+    `accept len`. None without speculation or without the engine's word on it."""
+    if not config.get("speculative"):
         return None
-    claim = workload.get("server_claim") or {}
-    for source in ("metrics", "log"):
-        counters = claim.get(source) or {}
-        accepted, drafted = counters.get("accepted"), counters.get("drafted")
-        if accepted is not None and drafted:
-            return 1.0 + int(spec["num_speculative_tokens"]) * float(accepted) / float(drafted)
-    return None
+    acceptance = workload.get("draft_acceptance") or {}
+    mean = acceptance.get("mean_acceptance_length")
+    return float(mean) if mean is not None else None
 
 
 def _roofline(
-    config: dict[str, Any], facts: dict[str, Any], section: dict[str, Any], workloads: tuple[str, ...]
+    config: dict[str, Any], facts: dict[str, Any], section: dict[str, Any], workloads: tuple[str, ...],
+    catalog: Catalog,
 ) -> dict[str, Any]:
+    """The memory bound per workload, the model's sizes from the lab's catalog entry."""
     out: dict[str, Any] = {}
     for w in workloads:
         summary = section.get(w) or {}
-        bound = roofline(config, facts, mean_acceptance_length=mean_acceptance_length(config, summary))
+        bound = roofline(config, facts, catalog=catalog,
+                         mean_acceptance_length=mean_acceptance_length(config, summary))
         bound["fraction"] = fraction_of_bound(summary.get("mean_tps"), bound)
         out[w] = bound
     return out

@@ -35,13 +35,25 @@ CHUNK_UNDERCOUNT = 0.95
 USAGE_EXCESS_TOKENS = 2
 USAGE_EXCESS_FRACTION = 0.01
 
+# Counter names without the engine's prefix (lab/engines/releases/*.json `metrics`): vLLM
+# serves all four and the drafts counter; SGLang serves the token counters only (no
+# accepted/drafted counters), and only when launched with --enable-metrics.
 COUNTERS = {
     "generation": "generation_tokens_total",
     "prompt": "prompt_tokens_total",
     "accepted": "spec_decode_num_accepted_tokens_total",
     "drafted": "spec_decode_num_draft_tokens_total",
+    # vLLM counts drafts (speculative steps that proposed anything): the denominator of the
+    # mean acceptance length, 1 + accepted / drafts. A draft may propose fewer than k
+    # tokens (n-gram finds no match that long), so drafted / k is not the number of drafts.
+    "drafts": "spec_decode_num_drafts_total",
 }
-RUNNING_GAUGE = "num_requests_running"
+# Running requests: vLLM's vllm:num_requests_running, SGLang's sglang:num_running_reqs.
+RUNNING_GAUGES = ("num_requests_running", "num_running_reqs")
+RUNNING_GAUGE = RUNNING_GAUGES[0]
+# SGLang's own acceptance gauge (sglang:spec_accept_length, the mean accepted length of
+# its last logging window).
+ACCEPT_LENGTH_GAUGE = "spec_accept_length"
 
 # Every cause tested here, by the code it reports, in plain words: the measurement writes
 # the ones it tested into findings (`cause_descriptions`), and the report prints them
@@ -155,9 +167,20 @@ def counter_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str,
         out[key] = sum(per.values()) if (name in after.values) else None
         for engine, delta in per.items():
             out["per_engine"].setdefault(engine, {})[key] = delta
-    out["running_before"] = before.total(RUNNING_GAUGE) if RUNNING_GAUGE in before.values else None
-    out["running_after"] = after.total(RUNNING_GAUGE) if RUNNING_GAUGE in after.values else None
+    out["running_before"] = running(before)
+    out["running_after"] = running(after)
+    if ACCEPT_LENGTH_GAUGE in after.values:
+        gauge = after.values[ACCEPT_LENGTH_GAUGE]
+        out["accept_length"] = sum(gauge.values()) / max(1, len(gauge))
     return out
+
+
+def running(snapshot: MetricsSnapshot) -> float | None:
+    """Requests the engine is running, from whichever running gauge it serves."""
+    for name in RUNNING_GAUGES:
+        if name in snapshot.values:
+            return snapshot.total(name)
+    return None
 
 
 # -- log windows --------------------------------------------------------------------------
@@ -176,6 +199,10 @@ class StatsWindow:
     accepted: int | None = None
     drafted: int | None = None
     per_position: list[float] = field(default_factory=list)
+    mean_acceptance_length: float | None = None
+    # SGLang's `accept rate` (accepted over drafted tokens in the window), beside its
+    # `accept len` (mean_acceptance_length); vLLM logs its counts instead.
+    acceptance_rate: float | None = None
 
     @property
     def start(self) -> float:
@@ -186,11 +213,16 @@ class StatsWindow:
         return self.generation_tps * self.interval
 
 
-def stats_windows(events: Iterable[Mapping[str, Any]], default_interval_s: float = 10.0) -> list[StatsWindow]:
+def stats_windows(events: Iterable[Mapping[str, Any]], default_interval_s: float = 10.0, *,
+                  step_counted: bool = False) -> list[StatsWindow]:
     """Stats windows from parsed log events, each with the spec-decode line that followed it.
 
-    The window length is the median spacing of an engine's consecutive stats lines
-    (vLLM logs every `log_interval_s`), or `default_interval_s` with fewer than two.
+    Clock windows (vLLM logs every `log_interval_s`): the window length is the median
+    spacing of an engine's consecutive stats lines, or `default_interval_s` with fewer than
+    two. Step-counted windows (`step_counted`: SGLang writes its Decode batch line every 40
+    decode steps, its throughput over the time since its previous line): each window runs
+    from the engine's line before; the first line, whose window has no known start, is
+    dropped.
     """
     windows: list[StatsWindow] = []
     last: StatsWindow | None = None
@@ -207,13 +239,26 @@ def stats_windows(events: Iterable[Mapping[str, Any]], default_interval_s: float
                 line=event.get("line"),
             )
             windows.append(last)
-        elif kind == "specdec" and last is not None and last.drafted is None:
+        elif kind == "specdec" and last is not None and last.drafted is None \
+                and last.mean_acceptance_length is None:
             last.accepted = event.get("accepted")
             last.drafted = event.get("drafted")
             last.per_position = list(event.get("per_position") or [])
+            mean = event.get("mean_acceptance_length")
+            last.mean_acceptance_length = float(mean) if mean is not None else None
+            rate = event.get("acceptance_rate")
+            last.acceptance_rate = float(rate) if rate is not None else None
     by_engine: dict[str, list[StatsWindow]] = {}
     for w in windows:
         by_engine.setdefault(w.engine, []).append(w)
+    if step_counted:
+        kept: list[StatsWindow] = []
+        for group in by_engine.values():
+            for a, b in itertools.pairwise(group):
+                if b.end > a.end:
+                    b.interval = b.end - a.end
+                    kept.append(b)
+        return sorted(kept, key=lambda w: (w.end, w.engine))
     for group in by_engine.values():
         gaps = [b.end - a.end for a, b in itertools.pairwise(group) if b.end > a.end]
         if gaps:
@@ -291,82 +336,174 @@ def classify_windows(
 
 
 def draft_acceptance(
-    windows: Sequence[StatsWindow], spans: Sequence[RequestSpan], *, resolution_s: float = 1.0
+    windows: Sequence[StatsWindow], spans: Sequence[RequestSpan], *, resolution_s: float = 1.0,
+    runs: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any] | None:
-    """What the engine's spec-decode lines say about one workload's drafts: the per-position
-    acceptance rates (vLLM's: the share of drafts whose position j was accepted, so the mean
-    acceptance length is 1 + their sum) and the mean acceptance length, pooled over the
-    windows that lie wholly within the workload's requests (warm-ups included: the same
-    workload), weighted by each window's drafts. Windows reaching outside may carry another
-    workload's steps and are left out. None when no such window has a spec-decode line with
-    per-position rates (SGLang and vLLM V0 log none)."""
+    """What the engine says about one workload's drafts: the mean acceptance length, and
+    the per-position acceptance rates where its log gives them.
+
+    The denominator is the number of drafts, never k times it (a draft proposes fewer than
+    k tokens when n-gram finds no match that long). From /metrics (`runs`: the workload's
+    measured runs with their counter deltas): 1 + accepted / drafts over the requests, with
+    vLLM's `spec_decode_num_drafts_total`. From the log, pooled over the windows that lie
+    wholly within the workload's requests (warm-ups included: the same workload), weighted
+    by each window's drafts (accepted over the sum of its per-position rates, each the
+    share of drafts whose position j was accepted). SGLang
+    logs only its mean `accept len` per window (and serves no draft counters): pooled by
+    the window's length. None when neither says anything."""
+    from_metrics = _metrics_acceptance(runs)
     if not spans:
-        return None
+        return from_metrics
     lo = min(s.sent for s in spans)
     hi = max(s.last for s in spans)
-    inside = [
-        w for w in windows
-        if w.drafted and w.accepted is not None and w.per_position
-        and w.start >= lo and w.end + resolution_s <= hi
-    ]
-    if not inside:
+    inside = [w for w in windows if w.start >= lo and w.end + resolution_s <= hi]
+    vllm = [w for w in inside if w.drafted and w.accepted is not None and w.per_position]
+    if vllm:
+        depth = min(len(w.per_position) for w in vllm)
+        drafts = [_window_drafts(w) for w in vllm]
+        total = sum(drafts)
+        pairs = list(zip(drafts, vllm, strict=True))
+        per_position = [sum(d * w.per_position[j] for d, w in pairs) / total for j in range(depth)]
+        accepted = sum(float(w.accepted or 0) for w in vllm)
+        out: dict[str, Any] = {
+            "source": "log",
+            "windows": len(vllm),
+            "drafts": round(total, 1),
+            "accepted": accepted,
+            "drafted": sum(float(w.drafted or 0) for w in vllm),
+            "mean_acceptance_length": round(1.0 + accepted / total, 4),
+            "per_position": [round(p, 4) for p in per_position],
+        }
+        if from_metrics is not None:
+            # The counters are exact over the requests; the log's figures are rounded.
+            for key in ("drafts", "accepted", "drafted", "mean_acceptance_length"):
+                out[key] = from_metrics[key]
+            out["source"] = "metrics+log"
+        return out
+    if from_metrics is not None:
+        return from_metrics
+    sglang = [w for w in inside if w.mean_acceptance_length is not None and not w.per_position]
+    if sglang:
+        weight = sum(w.interval for w in sglang)
+        mean = sum(float(w.mean_acceptance_length or 0) * w.interval for w in sglang) / weight
+        return {"source": "log", "windows": len(sglang), "drafts": None, "accepted": None, "drafted": None,
+                "mean_acceptance_length": round(mean, 4), "per_position": []}
+    return None
+
+
+def _window_drafts(w: StatsWindow) -> float:
+    """A vLLM window's drafts from its own line: each per-position rate is accepted-at-j
+    over drafts, so drafts = accepted / their sum. A window with nothing accepted says
+    only that drafts >= drafted / k (each draft proposes at most k tokens)."""
+    rates = sum(w.per_position)
+    if w.accepted and rates > 0:
+        return float(w.accepted) / rates
+    return float(w.drafted or 0) / len(w.per_position)
+
+
+def _metrics_acceptance(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    rows = [r["metrics"] for r in runs if isinstance(r.get("metrics"), Mapping)]
+    drafts = [m.get("drafts") for m in rows]
+    accepted = [m.get("accepted") for m in rows]
+    if not rows or any(d is None for d in drafts) or any(a is None for a in accepted):
         return None
-    depth = min(len(w.per_position) for w in inside)
-    drafts = [float(w.drafted or 0) / len(w.per_position) for w in inside]  # drafted = drafts x k
-    total = sum(drafts)
-    pairs = list(zip(drafts, inside, strict=True))
-    per_position = [sum(d * w.per_position[j] for d, w in pairs) / total for j in range(depth)]
-    accepted = sum(float(w.accepted or 0) for w in inside)
+    total = float(sum(d for d in drafts if d is not None))
+    if total <= 0:
+        return None
+    acc = float(sum(a for a in accepted if a is not None))
+    drafted = [m.get("drafted") for m in rows]
     return {
-        "source": "log",
-        "windows": len(inside),
-        "drafts": round(total, 1),
-        "accepted": accepted,
-        "drafted": sum(float(w.drafted or 0) for w in inside),
-        "mean_acceptance_length": round(1.0 + accepted / total, 4),
-        "per_position": [round(p, 4) for p in per_position],
+        "source": "metrics",
+        "windows": 0,
+        "drafts": total,
+        "accepted": acc,
+        "drafted": (float(sum(d for d in drafted if d is not None))
+                    if all(d is not None for d in drafted) else None),
+        "mean_acceptance_length": round(1.0 + acc / total, 4),
+        "per_position": [],
     }
 
 
 def log_claim(classified: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The server's rate from inner windows, per engine, beside delivery in the same windows."""
+    """The server's rate from inner windows, per engine, beside delivery in the same windows.
+
+    Rates are over the windows' summed length (tokens over seconds): for clock windows, all
+    one length, that is the mean of their rates; for step-counted windows (SGLang) it
+    weighs each by its length, and the log's one-second stamps err only at the ends of a
+    run of consecutive windows instead of at each window's two ends."""
     inner = [c for c in classified if c["inner"]]
     if not inner:
         return None
     per_engine: dict[str, dict[str, Any]] = {}
     for c in inner:
         w: StatsWindow = c["window"]
-        entry = per_engine.setdefault(w.engine, {"windows": 0, "claimed": [], "delivered": []})
+        entry = per_engine.setdefault(w.engine, {"windows": 0, "claimed": 0.0, "delivered": 0.0,
+                                                 "seconds": 0.0})
         entry["windows"] += 1
-        entry["claimed"].append(w.generation_tps)
-        entry["delivered"].append(c["delivered_tps"])
+        entry["claimed"] += w.claimed_tokens
+        entry["delivered"] += c["delivered_tokens"]
+        entry["seconds"] += w.interval
     engines = {
         engine: {
             "windows": e["windows"],
-            "claimed_tps": round(statistics.fmean(e["claimed"]), 3),
-            "delivered_tps_same_windows": round(statistics.fmean(e["delivered"]), 3),
+            "claimed_tps": round(e["claimed"] / e["seconds"], 3),
+            "delivered_tps_same_windows": round(e["delivered"] / e["seconds"], 3),
         }
         for engine, e in sorted(per_engine.items())
     }
     # Single stream: engines that served nothing report ~0, so the sum is the busy engine's rate.
     claimed = sum(e["claimed_tps"] for e in engines.values())
-    delivered = statistics.fmean(c["delivered_tps"] for c in inner)
-    accepted = [c["window"].accepted for c in inner if c["window"].drafted is not None]
-    drafted = [c["window"].drafted for c in inner if c["window"].drafted is not None]
+    delivered = sum(c["delivered_tokens"] for c in inner) / sum(c["window"].interval for c in inner)
+    accepted, drafted, counts_from = _log_spec_counts(inner)
     return {
         "source": "log",
         "windows": len(inner),
         "window_s": inner[0]["window"].interval,
+        # Clock windows (vLLM) are all one length; step-counted ones (SGLang) each their own.
+        "window_widths_s": [round(c["window"].interval, 4) for c in inner],
         "claimed_tps": round(claimed, 3),
         "delivered_tps_same_windows": round(delivered, 3),
         "ratio": round(claimed / delivered, 4) if delivered > 0 else None,
         "claimed_tokens": round(sum(c["window"].claimed_tokens for c in inner), 1),
         "delivered_tokens": round(sum(c["delivered_tokens"] for c in inner), 1),
-        "accepted": sum(a or 0 for a in accepted) if drafted else None,
-        "drafted": sum(d or 0 for d in drafted) if drafted else None,
+        "accepted": accepted,
+        "drafted": drafted,
+        "counts_from": counts_from,
         "per_engine": engines,
         "lines": [c["window"].line for c in inner],
     }
+
+
+SGLANG_COUNTS = ("SGLang's accept len and accept rate of each window: steps = delivered tokens / accept len, "
+                 "accepted = steps x (accept len - 1), drafted = accepted / accept rate")
+
+
+def _log_spec_counts(inner: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None, str | None]:
+    """Accepted and drafted tokens over the inner windows, and where they come from.
+
+    vLLM's SpecDecoding lines count them. SGLang logs no counts, only its mean `accept len`
+    (tokens emitted per verify step) and `accept rate` (accepted over drafted): over the
+    tokens delivered in a window they give its steps, its accepted and its drafted tokens.
+    None when a speculative window says neither (or nothing was accepted, so the rate
+    cannot give the drafts)."""
+    windows = [c["window"] for c in inner]
+    if any(w.drafted is not None for w in windows):
+        counted = [w for w in windows if w.drafted is not None]
+        return (float(sum(w.accepted or 0 for w in counted)), float(sum(w.drafted or 0 for w in counted)),
+                "the engine's spec-decode lines")
+    if not windows or any(w.mean_acceptance_length is None for w in windows):
+        return None, None, None
+    accepted = drafted = 0.0
+    for c, w in zip(inner, windows, strict=True):
+        length, rate = float(w.mean_acceptance_length or 0.0), w.acceptance_rate
+        if length < 1.0 or rate is None or (rate <= 0 and length > 1.0):
+            return None, None, None
+        window_accepted = float(c["delivered_tokens"]) * (length - 1.0) / length
+        accepted += window_accepted
+        drafted += window_accepted / rate if rate > 0 else 0.0
+    if drafted <= 0:
+        return None, None, None
+    return round(accepted, 1), round(drafted, 1), SGLANG_COUNTS
 
 
 def metrics_claim(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -388,6 +525,7 @@ def metrics_claim(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
             per_engine[engine] = per_engine.get(engine, 0.0) + float(d.get("generation") or 0.0)
     acc = [r["metrics"].get("accepted") for r in rows]
     dra = [r["metrics"].get("drafted") for r in rows]
+    drafts = [r["metrics"].get("drafts") for r in rows]
     return {
         "source": "metrics",
         "runs": len(rows),
@@ -399,6 +537,8 @@ def metrics_claim(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         "delivered_tokens": delivered,
         "accepted": sum(a for a in acc if a is not None) if any(a is not None for a in acc) else None,
         "drafted": sum(d for d in dra if d is not None) if any(d is not None for d in dra) else None,
+        # vLLM's spec_decode_num_drafts_total: speculative steps, the acceptance denominator.
+        "drafts": sum(d for d in drafts if d is not None) if any(d is not None for d in drafts) else None,
         "requests": len(rows),
         "per_engine_tps": {e: round(g / seconds, 3) for e, g in sorted(per_engine.items())},
     }
@@ -441,6 +581,7 @@ def proposed_counting(claim: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "predicted_ratio": round(predicted, 4),
         "evidence": {
             "source": claim["source"],
+            "counts_from": claim.get("counts_from") or "the engine's spec-decode counters",
             "accepted": accepted,
             "drafted": drafted,
             "rejected_drafts": drafted - accepted,

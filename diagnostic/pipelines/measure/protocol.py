@@ -126,6 +126,7 @@ def measure_endpoint(
     metrics_url: str | None = None,
     log_source: LogSource | None = None,
     engine: str = "vllm",
+    version: str | None = None,
     to_lab: Callable[[float], float] = _identity,
     lab_now: Callable[[], float] = time.time,
     max_tokens: int = 512,
@@ -142,7 +143,8 @@ def measure_endpoint(
     server's usage.completion_tokens stands in for delivered tokens, and the result says
     so in `warnings` and `tokens.count_source`. `log_source`: a callable returning the
     engine log text (or lines) written since its previous call; it is called once before
-    the first request to mark the start. `lab_now`: the lab's epoch clock (the session
+    the first request to mark the start; `engine` and `version` name what wrote it (version
+    None: lines of any modelled release are read). `lab_now`: the lab's epoch clock (the session
     clock's `now` on a lab), used with `to_lab` to place requests on the log's clock.
     `request_timeout_s`: wall seconds after which a run is abandoned (recorded, not
     counted). `settle_s`: wall seconds to wait after each workload before checking for
@@ -196,7 +198,9 @@ def measure_endpoint(
         finally:
             if scraper:
                 scraper.close()
-    windows = _log_windows(log_text, engine) if log_source is not None else []
+    if scraper is not None and scraper.unavailable:
+        warnings.append(f"{scraper.unavailable}; no /metrics claim")
+    windows = _log_windows(log_text, engine, version) if log_source is not None else []
     if log_source is not None and not windows:
         warnings.append("the engine log had no stats lines over the measurement; no log-based claim")
     result: dict[str, Any] = {
@@ -245,7 +249,8 @@ def session_log_source(session: LabSession, node: str | None = None) -> LogSourc
     return read
 
 
-def measure_on_session(session: LabSession, *, engine: str = "vllm", **options: Any) -> dict[str, Any]:
+def measure_on_session(session: LabSession, *, engine: str = "vllm", version: str | None = None,
+                       **options: Any) -> dict[str, Any]:
     """`measure_endpoint` against the engine a lab session launched: its endpoint, tokenizer,
     /metrics, head-node log, its API key (the session's own for the job: an engine started
     with authentication on asks for it), and its clock for lab time. `options` go to
@@ -260,6 +265,7 @@ def measure_on_session(session: LabSession, *, engine: str = "vllm", **options: 
         metrics_url=options.pop("metrics_url", None) or f"{endpoint.rstrip('/')}/metrics",
         log_source=options.pop("log_source", None) or session_log_source(session),
         engine=engine,
+        version=version,
         to_lab=session.clock.lab_seconds,
         lab_now=session.clock.now,
         **options,
@@ -338,7 +344,8 @@ def _set_beside_the_claim(
     # What the engine says of its drafts over these requests (speculative decoding only):
     # the specdec stage reads a draft length's acceptance from it.
     record.section["draft_acceptance"] = claims.draft_acceptance(
-        windows, record.spans, resolution_s=log_resolution_s
+        windows, record.spans, resolution_s=log_resolution_s,
+        runs=[r for r in record.section["runs"] if not r.get("abandoned")],
     )
     record.causes = _reconcile(record.section, from_log, from_metrics, classified, trailing, record.idle)
 
@@ -441,15 +448,26 @@ def _brief(row: Mapping[str, Any]) -> str:
 
 
 class _MetricsScraper:
+    """Scrapes /metrics. An engine that serves none (SGLang without --enable-metrics answers
+    404) is evidence, not a failure: the scraper records the engine's answer in
+    `unavailable` and every snapshot is then None; the measurement goes on without the
+    /metrics claim."""
+
     def __init__(self, url: str) -> None:
         self.url = url
         self._http = httpx.Client(timeout=httpx.Timeout(10.0, connect=5.0), trust_env=False)
+        self.unavailable: str | None = None
 
-    def snapshot(self) -> claims.MetricsSnapshot:
+    def snapshot(self) -> claims.MetricsSnapshot | None:
+        if self.unavailable is not None:
+            return None
         try:
             response = self._http.get(self.url)
         except httpx.HTTPError as exc:
             raise EndpointError(f"cannot read metrics at {self.url}: {exc}") from exc
+        if response.status_code == 404:
+            self.unavailable = f"the engine serves no metrics (HTTP 404 at {self.url})"
+            return None
         if response.status_code != 200:
             raise EndpointError(f"metrics at {self.url} answered HTTP {response.status_code}")
         return claims.MetricsSnapshot(at=time.monotonic(), values=claims.parse_prometheus(response.text))
@@ -471,11 +489,15 @@ def _settle(
     if scraper is None:
         return None
     first = scraper.snapshot()
+    if first is None:
+        return None
     time.sleep(max(0.0, settle_s))
     second = scraper.snapshot()
+    if second is None:
+        return None
     generated = second.total(claims.COUNTERS["generation"]) - first.total(claims.COUNTERS["generation"])
     return {
-        "running_after": max(first.total(claims.RUNNING_GAUGE), second.total(claims.RUNNING_GAUGE)),
+        "running_after": max(claims.running(first) or 0.0, claims.running(second) or 0.0),
         "generation_while_idle": generated,
         "idle_s": round(to_lab(second.at - first.at), 6),
     }
@@ -488,10 +510,12 @@ def _read_log(source: LogSource) -> list[str]:
     return [str(line) for line in got]
 
 
-def _log_windows(lines: Sequence[str], engine: str) -> list[claims.StatsWindow]:
+def _log_windows(lines: Sequence[str], engine: str, version: str | None = None) -> list[claims.StatsWindow]:
     from lab.engines import parse_log  # the engine log parser lives with the engines
 
-    return claims.stats_windows(parse_log(engine, lines))
+    # SGLang writes its Decode batch line every 40 decode steps, not on a clock: each
+    # window runs from the line before.
+    return claims.stats_windows(parse_log(engine, lines, version=version), step_counted=engine == "sglang")
 
 
 # -- summaries ----------------------------------------------------------------------------
@@ -578,7 +602,9 @@ def _protocol(
         "comparison": "Welch's t-test, different when p < 0.05",
         "request_timeout_s": request_timeout_s,
         "server_claim": {
-            "log": "mean generation throughput of stats windows wholly inside a request",
+            "log": "generation throughput of stats windows wholly inside a request, over their summed length",
+            "log_windows": "vLLM: one stats line every log interval; SGLang: one Decode batch line every "
+            "40 decode steps, its window running from the line before",
             "metrics": "generation counter delta / request interval, per run, summed",
             "explain_tolerance": claims.EXPLAIN_TOLERANCE,
             "overclaim_threshold": claims.OVERCLAIM_THRESHOLD,

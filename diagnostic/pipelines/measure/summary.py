@@ -48,6 +48,9 @@ def summary_text(measurement: Mapping[str, Any]) -> str:
                     f"  {name}: {c['code']}: observed {c['observed_ratio']}, predicted "
                     f"{c['predicted_ratio']}, explains: {'yes' if c['explains_ratio'] else 'no'}"
                 )
+                counts_from = (c.get("evidence") or {}).get("counts_from")
+                if counts_from:
+                    lines.append(f"    draft counts from {counts_from}")
     for f in measurement.get("findings", []):
         lines.append(f"FINDING {f['code']}: {f['title']}")
     return "\n".join(lines) + "\n"

@@ -137,13 +137,17 @@ def setting_of(config: Mapping[str, Any]) -> Setting:
     return Setting(str(spec["method"]), int(spec["num_speculative_tokens"]))
 
 
-def speculative_block(setting: Setting, draft: str | None, customer_spec: Mapping[str, Any] | None) -> Any:
+def speculative_block(setting: Setting, draft: str | None, customer_spec: Mapping[str, Any] | None,
+                      *, engine: str = "vllm") -> Any:
     """The configuration's `speculative` value for a setting (None: no speculation). n-gram
-    keeps the customer's lookup window when they set one."""
+    keeps the customer's lookup window when they set one, on vLLM: SGLang's releases from
+    0.5.12 on have no match-window flags (their n-gram drafts a tree, sized by
+    --speculative-num-draft-tokens, the only n-gram parameter tuned there)."""
     if setting.method == NONE:
         return None
     lookup = {"prompt_lookup_max": None, "prompt_lookup_min": None}
-    if setting.method == "ngram" and customer_spec and customer_spec.get("method") == "ngram":
+    if setting.method == "ngram" and customer_spec and customer_spec.get("method") == "ngram" \
+            and engine != "sglang":
         lookup = {k: customer_spec.get(k) for k in lookup}
     return {
         "method": setting.method,
@@ -151,6 +155,38 @@ def speculative_block(setting: Setting, draft: str | None, customer_spec: Mappin
         "num_speculative_tokens": setting.k,
         **lookup,
     }
+
+
+# SGLang's n-gram is tuned by the size of its draft tree; the version must have the flag.
+SGLANG_NGRAM_FLAG = "--speculative-num-draft-tokens"
+
+
+def ngram_note(engine: str, version: str) -> str | None:
+    """Why n-gram is left out on this engine version (None: it is searched), from the
+    version's own flag table."""
+    if engine != "sglang":
+        return None
+    from lab.engines.tables import flag, release
+
+    try:
+        table = release(engine, version)
+    except LookupError as exc:
+        return f"not tried: {exc}"
+    if flag(table, SGLANG_NGRAM_FLAG) is None:
+        return (f"not tried: SGLang {version} has no {SGLANG_NGRAM_FLAG}, the size of its n-gram draft tree "
+                "and the only n-gram parameter this search tunes")
+    return None
+
+
+def lab_draft(session: LabSession, model_id: str, draft_id: str) -> str | None:
+    """The lab's own copy of a draft (its path in the lab's catalog), None when the lab
+    holds none: the nodes run offline, so a launch names the draft by that path."""
+    catalog = session.inventory.catalog
+    model = catalog.model(model_id)
+    if model is None:
+        return None
+    held = model.draft(draft_id, "eagle3")
+    return held.path if held is not None else None
 
 
 def model_mtp_heads(session: LabSession) -> int | None:
@@ -168,12 +204,9 @@ def model_mtp_heads(session: LabSession) -> int | None:
 def speculative_flags(session: LabSession, config: Mapping[str, Any]) -> list[str]:
     """The speculative arguments of the head node's command line for `config`, as the
     engine takes them (what the customer pastes into their own launch command)."""
-    from lab.engines import render
-
-    nodes = session.nodes_for(config)
-    # The model path stays the catalog's (render admits it); the lab's own weights directory
-    # goes in as render's model_dir, as the session's launch does.
-    argv = list(render(config, nodes, model_dir=nodes[0].model_dir)[0]["argv"])
+    # Rendered exactly as the session launches it: admitted by the lab's catalog, the model
+    # and its draft named by the lab's paths.
+    argv = list(session.specs_for(config)[0]["argv"])
     picked: list[str] = []
     i = 0
     while i < len(argv):
@@ -400,6 +433,7 @@ class _Run:
         self.session = session
         self.config = dict(config)
         self.engine = str(config["engine"]["name"])
+        self.version = config["engine"].get("version")
         self.workloads = [str(w) for w in config["workloads"]]
         self.log, self.progress, self.check_cancelled = log, progress, check_cancelled
         self.budget = float(budget_lab_s)
@@ -483,7 +517,7 @@ class _Run:
             from lab.engines import failure_message
 
             tail = getattr(exc, "log_tail", "") or ""
-            error = failure_message(self.engine, tail) or str(exc)
+            error = failure_message(self.engine, tail, version=self.version) or str(exc)
             lab_s = round(self.session.clock.now() - t0, 3)
             status = "refused" if isinstance(exc, LaunchFailed) else "timeout"
             self.log(f"trial {index} ({phase}) {setting.label}: {status} at startup: {error}")
@@ -506,6 +540,7 @@ class _Run:
         result = self.measure_fn(
             self.session,
             engine=self.engine,
+            version=self.version,
             workloads=tuple(self.workloads),
             n=protocol.n,
             warmup=protocol.warmup,
@@ -667,11 +702,21 @@ def run_specdec(
     )
     catalog_drafts = catalog.drafts_for(model_id, "eagle3")
     draft_source = "the customer's configuration" if draft else None
-    if not draft and catalog_drafts:
-        draft, draft_source = (
-            catalog_drafts[0].id,
-            f"draft catalog {catalog.version} ({catalog_drafts[0].source})",
-        )
+    unheld: list[str] = []
+    if not draft:
+        # A public draft is tried only where the lab holds a copy, and named by its path
+        # there (the nodes are offline: a hub id would not load).
+        for candidate in catalog_drafts:
+            path = lab_draft(session, str(config["model"].get("path") or model_id), candidate.id) \
+                or lab_draft(session, model_id, candidate.id)
+            if path is None:
+                unheld.append(candidate.id)
+                continue
+            draft, draft_source = (
+                path,
+                f"draft catalog {catalog.version} ({candidate.source}), the lab's copy of {candidate.id}",
+            )
+            break
     mtp_heads = model_mtp_heads(session)
     # Searched in this order within each round: heads or a draft trained for the model
     # before n-gram, which needs neither and is rarely the fastest; a refused method costs
@@ -679,12 +724,21 @@ def run_specdec(
     methods = ["eagle3"] if draft else []
     if (mtp_heads or 0) > 0 or customer.method == "mtp":
         methods.append("mtp")
-    methods.append("ngram")
+    engine = str(config["engine"]["name"])
+    no_ngram = ngram_note(engine, str(config["engine"].get("version") or ""))
+    if no_ngram is None:
+        methods.append("ngram")
     space_note = {
         "eagle3": f"draft {draft} from {draft_source}"
         if draft
+        else f"not tried: the draft catalog {catalog.version} names {', '.join(unheld)} for {model_id}, "
+        "which this lab holds no copy of"
+        if unheld
         else f"not tried: neither the configuration nor the draft catalog {catalog.version} "
         f"names a draft for {model_id}",
+        "ngram": no_ngram
+        or ("tried: SGLang's n-gram drafts a tree; its size (--speculative-num-draft-tokens, k + 1) is "
+            "the parameter searched" if engine == "sglang" else "tried"),
         "mtp": (
             "tried: the model's config.json declares MTP heads"
             if (mtp_heads or 0) > 0
@@ -703,7 +757,7 @@ def run_specdec(
     )
 
     def spec_for(setting: Setting) -> Any:
-        return speculative_block(setting, draft, customer_spec)
+        return speculative_block(setting, draft, customer_spec, engine=engine)
 
     def confirm_reserve() -> float:
         # The finalists (customer, each workload's best, the mix's best) as screened so far:

@@ -111,10 +111,12 @@ def check_before_and_after(document: dict[str, Any]) -> None:
     assert source.startswith("measure: the tuned configuration's true cold starts")
     # Prose gains 2.3 tok/s against run noise of ~3 %: the interval must exclude zero.
     assert measurement["difference"]["prose"]["ci95"][0] > 0
-    # The tuned start with a kept JIT cache compiled once, then started as its users see it:
-    # 20 + 74.6/6 + 8 + 10 + 15 + 75 + 5 = 145.4 lab s.
-    assert document["cold_start"]["after_s"] == pytest.approx(145.4, rel=0.03)
-    assert document["cold_start"]["after_first_boot_s"] == pytest.approx(285.4, rel=0.03)
+    # The tuned start with a kept JIT cache compiled once, then started as its users see it
+    # (LAB_MODEL.md section 5's order: process start, rendezvous, model init, weights, JIT,
+    # KV, graphs, ready): 20 + 8 + 2 + 74.6/6 + 10 + 15 + 75 + 5 = 147.4 lab s; the first
+    # boot compiles instead (150 for 10): 287.4.
+    assert document["cold_start"]["after_s"] == pytest.approx(147.4, rel=0.03)
+    assert document["cold_start"]["after_first_boot_s"] == pytest.approx(287.4, rel=0.03)
     assert document["cold_start"]["before_s"] > 450
     roof = measurement["roofline"]
     assert roof["customer"]["code"]["bound_tps"] > roof["customer"]["code"]["inputs"]["tp"] * 273 / 32
@@ -159,7 +161,7 @@ def check_launch_by_hand(document: dict[str, Any], out: Path, tmp_path: Path) ->
         # A fresh lab compiles the kept JIT cache once; the loader and NCCL fixes are in
         # effect from the first start (no mmap crawl, no rendezvous stall).
         first = launch()
-        assert first["cold_start_s"] == pytest.approx(285.4, rel=0.03)
+        assert first["cold_start_s"] == pytest.approx(287.4, rel=0.03)  # as after_first_boot_s
         again = launch()
         assert again["cold_start_s"] == pytest.approx(document["cold_start"]["after_s"], rel=0.03)
         inventory = yaml.safe_load(sim.inventory_path.read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -198,21 +199,149 @@ def _spec_window(end: float, drafted: int, accepted: int, per_position: list[flo
 
 
 def test_draft_acceptance_pools_the_windows_wholly_within_the_workloads_requests() -> None:
+    """Each window's drafts are accepted over the sum of its per-position rates (each rate is
+    accepted-at-j over drafts), not drafted / k: n-gram drafts often propose fewer than k
+    tokens, and drafted / k would undercount the drafts and inflate the acceptance."""
     # Two requests 100-130 and 131-160 (a warm-up and a measured run: the same workload).
     spans = [_span(100.0, 130.0, 300, measured=False), _span(131.0, 160.0, 300)]
     windows = [
-        _spec_window(105.0, 400, 100, [0.1, 0.05, 0.0, 0.0]),  # starts before the workload: out
-        _spec_window(115.0, 400, 300, [0.9, 0.6, 0.3, 0.2]),  # 100 drafts
-        _spec_window(125.0, 800, 560, [0.8, 0.5, 0.25, 0.15]),  # 200 drafts
+        _spec_window(105.0, 400, 15, [0.1, 0.05, 0.0, 0.0]),  # starts before the workload: out
+        _spec_window(115.0, 300, 200, [0.9, 0.6, 0.3, 0.2]),  # 100 drafts, some shorter than k = 4
+        _spec_window(125.0, 600, 340, [0.8, 0.5, 0.25, 0.15]),  # 200 drafts
         _spec_window(160.0, 400, 0, [0.0, 0.0, 0.0, 0.0]),  # may end after the last byte: out
     ]
     got = claims.draft_acceptance(windows, spans)
     assert got is not None and got["windows"] == 2 and got["drafts"] == 300.0
     pooled = [(0.9 + 2 * 0.8) / 3, (0.6 + 1.0) / 3, 0.8 / 3, 0.5 / 3]  # weighted by drafts
     assert got["per_position"] == pytest.approx(pooled, abs=1e-4)
-    assert got["mean_acceptance_length"] == pytest.approx(1.0 + 860 / 300, abs=1e-4)
+    assert got["mean_acceptance_length"] == pytest.approx(1.0 + 540 / 300, abs=1e-4)
+    assert got["mean_acceptance_length"] < 1.0 + 540 / ((300 + 600) / 4)  # what drafted / k claimed
     # No spec-decode line in the workload's windows (no speculation): nothing to say.
     assert claims.draft_acceptance([_window(115.0, 30.0)], spans) is None
     assert claims.draft_acceptance(windows, []) is None
     # Counts without per-position rates (vLLM V0's line): no drafts count can be derived.
     assert claims.draft_acceptance([_spec_window(115.0, 400, 300, [])], spans) is None
+
+
+def test_draft_acceptance_uses_the_drafts_counter_from_metrics() -> None:
+    """vllm:spec_decode_num_drafts_total is the denominator: 1 + accepted / drafts."""
+    runs = [{"metrics": {"drafts": 120.0, "accepted": 150.0, "drafted": 380.0}},
+            {"metrics": {"drafts": 80.0, "accepted": 90.0, "drafted": 250.0}}]
+    got = claims.draft_acceptance([], [], runs=runs)
+    assert got is not None and got["source"] == "metrics"
+    assert got["drafts"] == 200.0 and got["mean_acceptance_length"] == pytest.approx(1.0 + 240 / 200)
+    # SGLang serves no draft counters: nothing from /metrics.
+    assert claims.draft_acceptance([], [], runs=[{"metrics": {"drafts": None, "accepted": None}}]) is None
+
+
+def test_metrics_read_vllm_and_sglang_names() -> None:
+    vllm = claims.MetricsSnapshot(0.0, claims.parse_prometheus(
+        'vllm:spec_decode_num_drafts_total{engine="0"} 10\nvllm:num_requests_running{engine="0"} 1\n'
+        'vllm:generation_tokens_total{engine="0"} 500\n'))
+    vllm_after = claims.MetricsSnapshot(1.0, claims.parse_prometheus(
+        'vllm:spec_decode_num_drafts_total{engine="0"} 25\nvllm:num_requests_running{engine="0"} 0\n'
+        'vllm:generation_tokens_total{engine="0"} 560\n'))
+    deltas = claims.counter_deltas(vllm, vllm_after)
+    assert deltas["drafts"] == 15.0 and deltas["generation"] == 60.0
+    assert (deltas["running_before"], deltas["running_after"]) == (1.0, 0.0)
+    sglang = claims.MetricsSnapshot(0.0, claims.parse_prometheus(
+        'sglang:num_running_reqs{model_name="m"} 1\nsglang:generation_tokens_total{model_name="m"} 100\n'
+        'sglang:spec_accept_length{model_name="m"} 2.75\n'))
+    sglang_after = claims.MetricsSnapshot(1.0, claims.parse_prometheus(
+        'sglang:num_running_reqs{model_name="m"} 0\nsglang:generation_tokens_total{model_name="m"} 180\n'
+        'sglang:spec_accept_length{model_name="m"} 2.5\n'))
+    got = claims.counter_deltas(sglang, sglang_after)
+    assert got["generation"] == 80.0 and got["accepted"] is None and got["drafts"] is None
+    assert (got["running_before"], got["running_after"]) == (1.0, 0.0)
+    assert got["accept_length"] == 2.5
+
+
+def test_sglang_windows_are_counted_in_steps_not_on_a_clock() -> None:
+    """SGLang writes its Decode batch line every 40 decode steps: each window runs from the
+    line before (spacing follows the step time), and the first line's start is unknown."""
+    events: list[dict[str, Any]] = [
+        {"kind": "stats", "ts": 100.0, "generation_tps": 40.0, "running": 1, "line": 1},
+        {"kind": "specdec", "accepted": None, "drafted": None, "mean_acceptance_length": 2.5,
+         "per_position": [], "line": 1},
+        {"kind": "stats", "ts": 103.0, "generation_tps": 41.0, "running": 1, "line": 2},
+        {"kind": "specdec", "accepted": None, "drafted": None, "mean_acceptance_length": 2.0,
+         "per_position": [], "line": 2},
+        {"kind": "stats", "ts": 111.0, "generation_tps": 12.0, "running": 1, "line": 3},
+        {"kind": "specdec", "accepted": None, "drafted": None, "mean_acceptance_length": 3.0,
+         "per_position": [], "line": 3},
+    ]
+    windows = claims.stats_windows(events, step_counted=True)
+    assert [(w.start, w.end) for w in windows] == [(100.0, 103.0), (103.0, 111.0)]
+    spans = [_span(99.0, 120.0, 600)]
+    got = claims.draft_acceptance(windows, spans)
+    assert got is not None and got["source"] == "log"
+    assert got["mean_acceptance_length"] == pytest.approx((2.0 * 3 + 3.0 * 8) / 11, abs=1e-4)
+
+
+def _sglang_events(accept_len: float, accept_rate: float, claimed_tps: float,
+                   ends: list[float]) -> list[dict[str, Any]]:
+    """SGLang Decode batch lines as parse_log gives them: stats, then `accept len`/`accept rate`."""
+    events: list[dict[str, Any]] = []
+    for i, end in enumerate(ends):
+        events.append({"kind": "stats", "ts": end, "generation_tps": claimed_tps, "running": 1, "line": i})
+        events.append({"kind": "specdec", "accepted": None, "drafted": None, "per_position": [],
+                       "mean_acceptance_length": accept_len, "acceptance_rate": accept_rate, "line": i})
+    return events
+
+
+@pytest.mark.parametrize(("k", "accept_len", "proposed"), [(4, 3.0, True), (2, 2.2, True), (4, 3.0, False)])
+def test_sglangs_accept_len_and_rate_reconcile_its_claim(k: int, accept_len: float, proposed: bool) -> None:
+    """SGLang logs no accepted/drafted counts: its `accept len` E (tokens per verify step)
+    and `accept rate` r (accepted over drafted) give them over the delivered tokens N of a
+    window, and a server counting k + 1 per step claims (k + 1) / E of delivery."""
+    delivered_tps = 24.0
+    claimed_tps = delivered_tps * (k + 1) / accept_len if proposed else delivered_tps
+    rate = (accept_len - 1) / k
+    # Lines 4.2 s apart (40 steps), stamped to the second: widths of 4 and 5 s.
+    ends = [100.0 + round(4.2 * i) for i in range(12)]
+    windows = claims.stats_windows(_sglang_events(round(accept_len, 2), round(rate, 2), claimed_tps, ends),
+                                   step_counted=True)
+    assert {w.interval for w in windows} == {4.0, 5.0}
+    assert all(w.acceptance_rate == round(rate, 2) for w in windows)
+    spans = [_span(90.0, 160.0, int(delivered_tps * 70))]
+    log = claims.log_claim(claims.classify_windows(windows, spans))
+    assert log is not None and log["windows"] >= 8
+    assert log["counts_from"] is not None and "accept len" in log["counts_from"]
+    # Per window: accepted = N (E - 1) / E, drafted = accepted / r = N k / E.
+    assert log["accepted"] == pytest.approx(log["delivered_tokens"] * (accept_len - 1) / accept_len, rel=0.01)
+    assert log["drafted"] == pytest.approx(log["delivered_tokens"] * k / accept_len, rel=0.02)
+    cause = claims.proposed_counting(log)
+    assert cause is not None
+    assert cause["predicted_ratio"] == pytest.approx((k + 1) / accept_len, rel=0.02)
+    assert cause["present"] is proposed and cause["explains_ratio"] is proposed
+    assert cause["evidence"]["counts_from"] == log["counts_from"]
+
+
+def test_sglang_windows_without_acceptance_give_no_counts() -> None:
+    """No `accept rate` (nothing to derive the drafts from), or no speculation: no counts,
+    so no proposed-counting test from the log."""
+    spans = [_span(90.0, 160.0, 1680)]
+    for rate in (None, 0.0):
+        events = _sglang_events(2.5, 0.5, 40.0, [100.0 + 5 * i for i in range(10)])
+        for e in events:
+            if e["kind"] == "specdec":
+                e["acceptance_rate"] = rate
+        windows = claims.stats_windows(events, step_counted=True)
+        log = claims.log_claim(claims.classify_windows(windows, spans))
+        assert log is not None and log["accepted"] is None and log["drafted"] is None
+        assert claims.proposed_counting(log) is None
+    ends = [100.0 + 5 * i for i in range(10)]
+    plain = [e for e in _sglang_events(1.0, 0.0, 24.0, ends) if e["kind"] == "stats"]
+    log = claims.log_claim(claims.classify_windows(claims.stats_windows(plain, step_counted=True), spans))
+    assert log is not None and log["counts_from"] is None and claims.proposed_counting(log) is None
+
+
+def test_step_counted_windows_weigh_rates_by_their_length() -> None:
+    """A claim over windows of different lengths is tokens over seconds, not a mean of rates."""
+    windows = [claims.StatsWindow(end=110.0, interval=10.0, generation_tps=30.0, running=1, engine="0"),
+               claims.StatsWindow(end=112.0, interval=2.0, generation_tps=60.0, running=1, engine="0")]
+    spans = [_span(90.0, 160.0, 1400)]
+    log = claims.log_claim(claims.classify_windows(windows, spans))
+    assert log is not None
+    assert log["claimed_tps"] == pytest.approx((30.0 * 10 + 60.0 * 2) / 12)
+    assert log["window_widths_s"] == [10.0, 2.0]

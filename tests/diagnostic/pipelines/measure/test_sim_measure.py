@@ -83,3 +83,23 @@ def test_an_abandoned_request_on_the_simulated_lab_is_an_orphan() -> None:
     assert result["prose"]["runs_abandoned"] == [0, 1]
     assert cause["present"]
     assert cause["evidence"]["running_before_runs"] == [1]
+
+
+def test_the_acceptance_is_per_draft_from_vllms_drafts_counter(
+    speculative: tuple[dict[str, Any], Any],
+) -> None:
+    """vllm:spec_decode_num_drafts_total is the denominator of the acceptance length."""
+    result, sim = speculative
+    accepts = sim.scenario.truth["specdec"]["acceptance"]["eagle3"]
+    for workload in ("code", "prose"):
+        metrics = result[workload]["server_claim"]["metrics"]
+        acceptance = result[workload]["draft_acceptance"]
+        assert acceptance["source"] == "metrics+log"
+        assert acceptance["drafts"] == metrics["drafts"] > 0
+        assert acceptance["mean_acceptance_length"] == pytest.approx(
+            1.0 + metrics["accepted"] / metrics["drafts"], abs=1e-3)
+        emitted, chain = 1.0, 1.0
+        for a in accepts[workload][:4]:
+            chain *= a
+            emitted += chain
+        assert acceptance["mean_acceptance_length"] == pytest.approx(emitted, rel=0.05)

@@ -41,12 +41,17 @@ def test_speculation_is_found_for_a_configuration_without_it(tmp_path: Path) -> 
     assert config["speculative"] is None
     with SimLab(path, tmp_path / "lab") as sim, LabSession.open(sim.inventory_path) as session:
         session.launch(config, cold=False)
+        # The simulated lab's own catalog (written beside its inventory) holds the draft.
+        held = session.inventory.catalog.model(config["model"]["id"]).draft(  # type: ignore[union-attr]
+            "AQ-MedAI/Kimi-K2-Instruct-eagle3", "eagle3")
+        assert held is not None
         result = run_specdec(
             session, config, log=lambda _l: None, progress=lambda _p, _m: None, check_cancelled=lambda: None
         )
     section = result["section"]
     assert section["customer"]["method"] == "none"
     assert "draft catalog" in section["space"]["notes"]["eagle3"]
+    assert "the lab's copy of AQ-MedAI/Kimi-K2-Instruct-eagle3" in section["space"]["notes"]["eagle3"]
     assert section["verdicts"] == {"code": "suboptimal", "prose": "suboptimal"}
     for w in ("code", "prose"):
         best = section["best"][w]
@@ -62,7 +67,8 @@ def test_speculation_is_found_for_a_configuration_without_it(tmp_path: Path) -> 
     assert chosen["method"] == "eagle3"
     [config_change] = result["config_changes"]
     assert config_change["path"] == "speculative" and config_change["from"] is None
-    assert config_change["to"]["draft_model"] == "AQ-MedAI/Kimi-K2-Instruct-eagle3"
+    # Named by the lab's path: the nodes run offline, where the hub id would not load.
+    assert config_change["to"]["draft_model"] == held.path
     assert config_change["to"]["num_speculative_tokens"] == chosen["k"]
     assert "--speculative-config" in section["deployed"]["launch_syntax"]
     assert "speculation off" in section["customer_launch_syntax"]

@@ -26,6 +26,7 @@ from pypdf import PdfReader
 
 from diagnostic.bookings.models import SIM_PREFIX, Booking, Lab, LabDay
 from diagnostic.jobs.models import DiagnosticJob, ReportVersion, StageRun
+from diagnostic.jobs.report import recipients
 from diagnostic.portal.demo import SCENARIO, serving_sim_lab
 from tests.browser import test_customer_path as walk
 from tests.browser.test_staff_review import browser_as
@@ -227,9 +228,13 @@ def test_a_consultant_watches_a_portal_job_live_then_reviews_and_approves(
     assert NARRATIVE in review.inner_text("#version-diff")
     screenshot(review, "staff-live-05-review-diff")
     newest = ReportVersion.objects.filter(job=job).exclude(pk=first.pk).get()
-    review.click(f"tr[data-version='{newest.version}'] button.approve")
+    # Approving goes through the confirmation of what goes to whom.
+    review.click(f"tr[data-version='{newest.version}'] a.approve")
+    assert review.inner_text("#recipients") == ", ".join(recipients(job))
+    review.click("#confirm-send")
     assert "approved and emailed" in review.inner_text("main")
-    review.click(f"tr[data-version='{newest.version}'] button.approve")
+    review.click(f"tr[data-version='{newest.version}'] a.approve")
+    review.click("#confirm-send")
     assert "none was sent again" in review.inner_text("main")
     assert len(smtp.messages) == 1
     assert newest.version in smtp.messages[0].get_body(preferencelist=("plain",)).get_content() or \

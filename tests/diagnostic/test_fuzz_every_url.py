@@ -200,6 +200,7 @@ def world(cast: Cast, lab: Lab, tmp_path: Path, settings: Any, monkeypatch: pyte
         "override_id": [str(override.pk)],
         "token": ["not-a-token"],
         "uidb64": ["MQ"],
+        "version": [reported.version.version],
     }
     real = {
         "lab_day": [str(d.pk) for d in days[4:8]], "day": [str(days[9].pk), days[9].date.isoformat()],

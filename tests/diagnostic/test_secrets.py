@@ -63,11 +63,16 @@ MASKED_ENV_KEY = SECRET_MASK + ENV_KEY[-4:]
 ENGINE_KEY = re.compile(r"diag-[0-9a-f]{40}")
 
 REFERENCE_YAML = REFERENCE_CONFIG.read_text()
+# The reference configuration's own extra arguments (Kimi K2's tokenizer is its own code),
+# which the attacks below extend.
+REFERENCE_EXTRA = 'extra_args: ["--trust-remote-code"]'
+assert REFERENCE_YAML.count(REFERENCE_EXTRA) == 1 and REFERENCE_YAML.count("env: {}") == 1
 # The reference configuration with an API key given both ways and a token in a URL.
 SECRET_YAML = (REFERENCE_YAML
                .replace("env: {}", f'env: {{VLLM_API_KEY: "{ENV_KEY}", '
                                    f'NCCL_DEBUG_SUBSYS: "https://ci:{URL_TOKEN}@mirror.example/x"}}')
-               .replace("extra_args: []", f"extra_args: [--api-key, {KEY}]  # the production key"))
+               .replace(REFERENCE_EXTRA,
+                        f"extra_args: [--trust-remote-code, --api-key, {KEY}]  # the production key"))
 SECRET_COMMAND = (f"VLLM_API_KEY={ENV_KEY} vllm serve /models/kimi-k2 \\\n"
                   "  --served-model-name moonshotai/Kimi-K2-Instruct-0905 --tensor-parallel-size 8 \\\n"
                   f"  --api-key {KEY}   # the production key\n")
@@ -123,10 +128,11 @@ def test_the_kept_text_keeps_the_customers_own_wording(db: None) -> None:
 def test_a_key_written_escaped_is_not_kept_either(db: None) -> None:
     # YAML's "\x34" is "4": the key is not in the text as such, and still may not stay.
     escaped = KEY.replace("4", "\\x34", 1)
-    text = REFERENCE_YAML.replace("extra_args: []", f'extra_args: [--api-key, "{escaped}"]')
+    text = REFERENCE_YAML.replace(REFERENCE_EXTRA,
+                                  f'extra_args: [--trust-remote-code, --api-key, "{escaped}"]')
     config = submit_configuration(raw_text=text, source="yaml")
     assert holds_a_secret(config.raw_text) == [] and escaped not in config.raw_text
-    assert config.normalized["extra_args"] == ["--api-key", MASKED_KEY]
+    assert config.normalized["extra_args"] == ["--trust-remote-code", "--api-key", MASKED_KEY]
     assert normalize_submission(config.raw_text, "yaml") == config.normalized
 
 
@@ -192,8 +198,8 @@ def test_the_tuned_files_keep_the_flag_masked_and_ask_for_the_key_back(db: None)
         assert text.count("your own value goes here") == 3  # the flag, the variable, the URL's
     # The command still launches the same configuration, the mask where the key was: no
     # made-up key.
-    assert parse_command(command)["extra_args"] == ["--api-key", MASKED_KEY]
-    assert yaml.safe_load(file)["extra_args"] == ["--api-key", MASKED_KEY]
+    assert parse_command(command)["extra_args"] == ["--trust-remote-code", "--api-key", MASKED_KEY]
+    assert yaml.safe_load(file)["extra_args"] == ["--trust-remote-code", "--api-key", MASKED_KEY]
 
 
 def test_the_report_prints_no_key_from_a_document_written_before_masking(db: None) -> None:
@@ -286,7 +292,7 @@ def test_a_day_with_an_api_key_shows_it_nowhere_and_measures_through_it(
     assert holds_a_secret(job.config.raw_text + json.dumps(job.config.normalized)) == []
     # findings.json, and the tuned configuration it carries.
     assert holds_a_secret(json.dumps(document, ensure_ascii=False)) == []
-    assert document["config"]["extra_args"] == ["--api-key", MASKED_KEY]
+    assert document["config"]["extra_args"] == ["--trust-remote-code", "--api-key", MASKED_KEY]
     assert document["tuned"]["config"]["env"]["VLLM_API_KEY"] == MASKED_ENV_KEY
     # The tuned files: the customer's flag, masked, and a note to put the key back.
     for name in ("tuned-command.txt", "tuned-config.yaml", "tuned.diff"):

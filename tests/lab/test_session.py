@@ -69,7 +69,7 @@ def session(sshd: Sshd) -> Iterator[LabSession]:
 def one_node_config(speculative: dict[str, object] | None = None, **serving: object) -> dict[str, object]:
     return normalize_config({
         "schema": "diagnostic.config/1",
-        "engine": {"name": "vllm", "version": "0.29.1"},
+        "engine": {"name": "vllm", "version": "0.34.0"},
         "model": {"id": "moonshotai/Kimi-K2-Instruct-0905", "quantization": "nvfp4",
                   "path": "/models/kimi-k2"},
         "cluster": {"nodes": 1, "node_type": "dgx-spark", "link_gbps": 100},

@@ -22,11 +22,11 @@ from tests.diagnostic.staff.conftest import make_finished_job
 
 pytestmark = pytest.mark.django_db
 
-BASE = REFERENCE_CONFIG.read_text().replace("extra_args: []\n", "")
-
-
-
-
+# The reference configuration without its extra arguments, which each attack writes: its own
+# `--trust-remote-code` (Kimi K2's tokenizer is its own code) and then the attack's.
+REFERENCE_EXTRA = '["--trust-remote-code"]'
+BASE = REFERENCE_CONFIG.read_text().replace(f"extra_args: {REFERENCE_EXTRA}\n", "")
+assert "extra_args" not in BASE
 
 
 def config_url(booking: Booking) -> str:
@@ -45,11 +45,11 @@ def test_nul_in_extra_args_is_refused_at_preview_and_at_confirm(
     cast: Cast, booking: Booking, started: list[DiagnosticJob], action: str
 ) -> None:
     # YAML's "\0" escape puts a NUL in the value; the text itself is printable.
-    attack = BASE + 'extra_args: ["--tokenizer-mode", "slow\\0"]\n'
+    attack = BASE + 'extra_args: ["--trust-remote-code", "--tokenizer-mode", "slow\\0"]\n'
     response = post_yaml(cast, booking, attack, action)
     assert response.status_code == 400
     page = response.content.decode()
-    assert "extra_args[1]" in page and "U+0000, NUL" in page and "printable text on one line" in page
+    assert "extra_args[2]" in page and "U+0000, NUL" in page and "printable text on one line" in page
     assert 'class="field-error"' in page or 'class="error"' in page
     assert not ClusterConfiguration.objects.exists() and not DiagnosticJob.objects.exists()
 
@@ -57,10 +57,10 @@ def test_nul_in_extra_args_is_refused_at_preview_and_at_confirm(
 def test_a_newline_in_an_extra_args_value_never_reaches_the_argv(
     cast: Cast, booking: Booking, started: list[DiagnosticJob]
 ) -> None:
-    attack = BASE + 'extra_args: ["--tokenizer-mode=slow\\n--trust-remote-code"]\n'
+    attack = BASE + 'extra_args: ["--trust-remote-code", "--tokenizer-mode=slow\\n--max-num-seqs=512"]\n'
     response = post_yaml(cast, booking, attack, "confirm")
     assert response.status_code == 400
-    assert "extra_args[0]" in (page := response.content.decode()) and "U+000A, a newline" in page
+    assert "extra_args[1]" in (page := response.content.decode()) and "U+000A, a newline" in page
     assert "the value of &#x27;--tokenizer-mode&#x27;" in page
     assert not DiagnosticJob.objects.exists()
 

@@ -113,8 +113,11 @@ class Command(BaseCommand):
         stages = options["stages"].split(",") if options["stages"] else None
         with self._log_to(out / "diagnose.log", verbose=options["verbosity"] >= 2), ExitStack() as stack:
             try:
-                config = self._configuration(options["config"])
+                # The file is read first (a path that cannot be read is told before any lab
+                # starts); it is admitted by the catalog of the lab, so the lab comes next.
+                text = self._read_configuration(options["config"])
                 lab = self._lab(options["lab"], stack)
+                config = self._configuration(options["config"], text, lab)
                 job = self._run(config, lab, stages, options["seed"], queue=options["queue"],
                                 time_limit_s=limit, budget=budget)
             except (ConfigError, InventoryError, ScenarioError, UnknownStage, LabError) as exc:
@@ -135,20 +138,23 @@ class Command(BaseCommand):
             )
 
     # -- inputs --------------------------------------------------------------------------
-    def _configuration(self, path: Path) -> ClusterConfiguration:
+    def _read_configuration(self, path: Path) -> str:
         try:
             size = path.stat().st_size
             if size > CONFIG_MAX_BYTES:
                 raise CommandError(f"--config {path}: {size} bytes is far too large for a configuration")
-            text = path.read_text(encoding="utf-8")
+            return path.read_text(encoding="utf-8")
         except OSError as exc:
             raise CommandError(f"--config {path}: cannot read ({exc.strerror})") from exc
         except UnicodeDecodeError:
             raise CommandError(f"--config {path}: not UTF-8 text") from None
+
+    def _configuration(self, path: Path, text: str, lab: Lab) -> ClusterConfiguration:
+        """The configuration read from `path`, admitted by `lab`'s catalog and stored."""
         kinds = ClusterConfiguration.Source
         source = kinds.YAML if looks_like_yaml(text) else kinds.COMMAND
         try:
-            return submit_configuration(raw_text=text, source=source, label=path.name)
+            return submit_configuration(raw_text=text, source=source, label=path.name, lab=lab)
         except ValidationError as exc:
             raise CommandError(f"--config {path}: {'; '.join(exc.messages)}") from exc
 

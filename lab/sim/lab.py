@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import posixpath
+import random
 import shutil
 import socket
 import time
@@ -81,7 +82,34 @@ def write_ed25519_key(path: Path) -> paramiko.Ed25519Key:
     return paramiko.Ed25519Key(filename=str(path))
 
 
+# Where the kernel's ephemeral ports begin when /proc does not say (Linux's default).
+EPHEMERAL_LOW_DEFAULT = 32768
+# Listener ports are picked at or above this (below it: well-known and common service ports).
+LISTENER_LOW = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW_DEFAULT
+
+
 def free_port() -> int:
+    """A port for a listener bound later (the engine's API server binds it at every start,
+    minutes after the lab picks it): one outside the kernel's ephemeral range, which no
+    client connection of this machine is handed in the meantime (a port from bind(0) is
+    one of those, and was seen taken by the time the engine bound it)."""
+    rng = random.SystemRandom()
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = rng.randrange(LISTENER_LOW, max(LISTENER_LOW + 1, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -167,3 +167,17 @@ def test_it_knows_which_configuration_the_node_runs_from_the_agents_spec_hash(se
     session.stop()
     stopped = session.serving_state(ours)
     assert (stopped.serving, stopped.idle_nodes) == (False, ["node-a"])
+
+
+def test_an_engine_started_with_observation_env_serves_the_configuration_without_it(
+        session: LabSession) -> None:
+    # Triage starts with NCCL_DEBUG=INFO to read the rendezvous; the stage after it measures
+    # that engine instead of restarting it for one variable that only adds log lines.
+    ours = one_node_config()
+    observed = {**ours, "env": {**(ours.get("env") or {}), "NCCL_DEBUG": "INFO"}}
+    session.launch(observed, cold=False, timeout_s=60)
+    assert session.serves(ours) is True
+    assert session.serves(observed) is True
+    # Any other variable is another configuration.
+    other = {**ours, "env": {**(ours.get("env") or {}), "NCCL_DEBUG": "WARN"}}
+    assert session.serving_state(other).other_nodes == ["node-a"]

@@ -27,9 +27,9 @@ def formats(engine: str, version: str, key: str) -> tuple[str, ...]:
     return tuple(found["text"] for found in entry.get("found") or ())
 
 
-def _brace_fields(text: str) -> Iterable[tuple[int, int, str, str]]:
-    """(start, end, expression, spec) of each `{...}` field of an f-string's text; `{{` and
-    `}}` are literal braces."""
+def _brace_fields(text: str) -> Iterable[tuple[int, int, str, str, str]]:
+    """(start, end, expression, conversion, spec) of each `{...}` field of an f-string's
+    text; `{{` and `}}` are literal braces."""
     i = 0
     while i < len(text):
         c = text[i]
@@ -58,14 +58,14 @@ def _brace_fields(text: str) -> Iterable[tuple[int, int, str, str]]:
         if body.startswith("%"):
             i += 1  # a printf string's literal brace ("cuda_graph={%s}")
             continue
-        expr, spec = _split_spec(body)
-        yield i, j + 1, expr, spec
+        expr, conversion, spec = _split_spec(body)
+        yield i, j + 1, expr, conversion, spec
         i = j + 1
 
 
-def _split_spec(body: str) -> tuple[str, str]:
-    """`expr:spec` -> (expr, spec), a colon inside brackets, parentheses or quotes not
-    counting."""
+def _split_spec(body: str) -> tuple[str, str, str]:
+    """`expr!conversion:spec` -> (expr, conversion, spec), a colon inside brackets,
+    parentheses or quotes not counting (nor the `:=` of an assignment expression)."""
     depth, quote = 0, ""
     for k, ch in enumerate(body):
         if quote:
@@ -78,16 +78,47 @@ def _split_spec(body: str) -> tuple[str, str]:
         elif ch in "])":
             depth -= 1
         elif ch == ":" and depth == 0 and not body[k:].startswith(":="):
-            return body[:k].strip(), body[k + 1:]
+            return body[:k].strip(), "", body[k + 1:]
         elif ch == "!" and depth == 0 and body[k + 1:k + 2] in ("r", "s", "a"):
-            return body[:k].strip(), body[k + 3:]
-    return body.strip(), ""
+            return body[:k].strip(), body[k + 1], body[k + 3:]
+    return body.strip(), "", ""
+
+
+def _formatted(value: Any, conversion: str, spec: str) -> str:
+    if conversion == "r":
+        value = repr(value)
+    elif conversion == "a":
+        value = ascii(value)
+    elif conversion == "s":
+        value = str(value)
+    return format(value, spec)
+
+
+def _field_value(fields: Mapping[str, Any], expr: str, text: str) -> Any:
+    if expr not in fields:
+        raise KeyError(f"no value for {{{expr}}} in {text!r}")
+    return fields[expr]
+
+
+def fill_fields(text: str, fields: Mapping[str, Any]) -> str:
+    """An f-string's or str.format's `text` with each `{expression!conversion:spec}` field
+    replaced by `fields[expression]` (`""` for a bare `{}`), formatted as Python would; `{{`
+    and `}}` are literal braces and `%` stays as it is. KeyError naming the expression when
+    a value is missing, so a format string that changes between versions is caught."""
+    pieces: list[str] = []
+    last = 0
+    for start, end, expr, conversion, spec in _brace_fields(text):
+        pieces.append(text[last:start].replace("{{", "{").replace("}}", "}"))
+        pieces.append(_formatted(_field_value(fields, expr, text), conversion, spec))
+        last = end
+    pieces.append(text[last:].replace("{{", "{").replace("}}", "}"))
+    return "".join(pieces)
 
 
 def placeholders(text: str) -> tuple[list[str], list[str]]:
     """(the printf conversions in order, the f-string expressions in order) of `text`."""
     printf = [m["spec"] for m in _PRINTF.finditer(text) if m["spec"] != "%"]
-    braces = [expr for _, _, expr, _ in _brace_fields(text)]
+    braces = [expr for _, _, expr, _, _ in _brace_fields(text)]
     return printf, braces
 
 
@@ -112,10 +143,10 @@ def fill(text: str, args: Sequence[Any] = (), fields: Mapping[str, Any] | None =
 
     pieces: list[str] = []
     last = 0
-    for start, end, expr, spec in _brace_fields(text):
+    for start, end, expr, conversion, spec in _brace_fields(text):
         pieces.append(literal(text[last:start]))
-        value = queue.pop(0) if expr == "" else fields[expr]
-        pieces.append(format(value, spec))
+        value = queue.pop(0) if expr == "" else _field_value(fields, expr, text)
+        pieces.append(_formatted(value, conversion, spec))
         last = end
     pieces.append(literal(text[last:]))
     return "".join(pieces)

@@ -341,6 +341,7 @@ class EngineProcess:
         self.engine = str(spec.get("engine", "vllm"))
         self.release: Release | None = None
         self.exit_code: int | None = None
+        self.exited_at: float | None = None  # lab time of the exit
         self.ready_at: float | None = None
         self.phases: list[Phase] = []
         self.stop_event = threading.Event()
@@ -407,6 +408,7 @@ class EngineProcess:
             finally:
                 self.server = None
         self.node.hardware.record_exit(now)
+        self.exited_at = now
         self.exit_code = code
         self._done.set()
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from lab.engines.lines import fill_fields
 from lab.engines.tables import flag as table_flag
 from lab.engines.tables import release as table_release
 
@@ -45,83 +46,7 @@ class Line:
     def fmt(self, values: Mapping[str, Any] | None = None, /, **named: Any) -> str:
         """An f-string / str.format string filled: each `{expression[:spec]}` takes the
         value given for that expression's text (`""` for a bare `{}` or `{:03d}`)."""
-        return fill(self.text, {**(values or {}), **named})
-
-
-def _field_end(template: str, start: int) -> int:
-    """Index of the `}` closing the replacement field that opens at `start`."""
-    depth = 0
-    quote: str | None = None
-    j = start + 1
-    while j < len(template):
-        ch = template[j]
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            if ch == "}" and depth == 0:
-                return j
-            depth -= 1
-        j += 1
-    raise ValueError(f"unclosed replacement field in {template!r}")
-
-
-def _split_field(field: str) -> tuple[str, str, str]:
-    """(expression, conversion, format spec) of one replacement field's inside."""
-    depth = 0
-    quote: str | None = None
-    for i, ch in enumerate(field):
-        if quote:
-            if ch == quote:
-                quote = None
-            continue
-        if ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif depth == 0 and ch == "!" and field[i + 1:i + 2] != "=" and field[i - 1:i] not in "=!<>":
-            conversion, _, spec = field[i + 1:].partition(":")
-            return field[:i].strip(), conversion, spec
-        elif depth == 0 and ch == ":":
-            return field[:i].strip(), "", field[i + 1:]
-    return field.strip(), "", ""
-
-
-def fill(template: str, values: Mapping[str, Any]) -> str:
-    """`template` (an f-string's or str.format's text) with each field replaced by
-    `values[expression]`, formatted by the field's own conversion and spec."""
-    out: list[str] = []
-    i = 0
-    while i < len(template):
-        ch = template[i]
-        if ch == "{" and template.startswith("{{", i):
-            out.append("{")
-            i += 2
-        elif ch == "}" and template.startswith("}}", i):
-            out.append("}")
-            i += 2
-        elif ch == "{":
-            end = _field_end(template, i)
-            expression, conversion, spec = _split_field(template[i + 1:end])
-            if expression not in values:
-                raise KeyError(f"no value for {{{expression}}} in {template!r}")
-            value = values[expression]
-            if conversion == "r":
-                value = repr(value)
-            elif conversion == "s":
-                value = str(value)
-            out.append(format(value, spec))
-            i = end + 1
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
+        return fill_fields(self.text, {**(values or {}), **named})
 
 
 class Release:

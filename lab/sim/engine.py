@@ -100,6 +100,10 @@ HUB_OFFLINE_ERROR = (
     "folder for the specified revision on the local disk and outgoing traffic has been disabled. "
     "To enable repo look-ups and downloads online, pass 'local_files_only=False' as input.")
 
+# The compile range vLLM names when it loads compiled graphs from its cache (its default
+# batched-token limit); only the cache-hit line shows it.
+COMPILE_RANGE = "[1, 8192]"
+
 
 class EngineStopped(Exception):
     """The process was terminated while it waited; unwinds its timeline thread."""
@@ -903,6 +907,11 @@ class EngineProcess:
         if marker is not None and not warm:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(json.dumps({"backend": backend, "compiled_at": end}) + "\n")
+        if self.engine == "vllm" and warm:
+            # vLLM says when its kept cache held the compiled graphs (compilation/backends.py).
+            hit = self.rel.line("compile_cache_hit")
+            hit_args = ("", COMPILE_RANGE, seconds) if hit.text.startswith("%s") else (COMPILE_RANGE, seconds)
+            self.log(end, hit, hit.pct(*hit_args))
         if self.engine == "vllm":
             line = self.rel.line("torch_compile")
             # 0.34's line starts with a %s naming the compiled module (empty for the model).

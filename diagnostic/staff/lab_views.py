@@ -1,6 +1,8 @@
 """The lab page: every lab's nodes as the last health poll saw them (refreshable on
 demand), when that poll ran and whether it completed, which job holds the lab and which
-job each engine belongs to, and the lab calendar of booked, closed and free days.
+job each engine belongs to, the lab's baselines (lab.baseline: its best configuration per
+model, node count and engine version, with what it delivered, how old it is and whether it
+is stale), and the lab calendar of booked, closed and free days.
 
 The page says only what the stored records show: the poll's cadence is Celery beat's, so
 without a broker (embedded mode) it says nothing polls on its own, and with one it says
@@ -11,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -27,6 +30,16 @@ from diagnostic.portal.job_views import lab_duration
 from diagnostic.staff.access import staff_required
 from diagnostic.staff.labhealth import INCOMPLETE, is_incomplete, lab_holder, poll_all_labs
 from diagnostic.staff.serving import Served, jobs_serving
+from lab.baseline import (
+    Baseline,
+    age_words,
+    baseline_dir_of,
+    engine_version_of,
+    node_fingerprint,
+    read_baselines,
+    staleness,
+    superseded_by,
+)
 
 CALENDAR_DAYS = 42
 # The lab page re-reads the stored health this often; the poll itself is beat's (a minute).
@@ -205,6 +218,70 @@ def calendar(lab: Lab, today: dt.date) -> list[dict[str, Any]]:
     return out
 
 
+def lab_baseline_dir(lab: Lab) -> Path:
+    """Where `lab` keeps its baselines (lab.baseline.baseline_dir_for): beside its
+    inventory, or for a simulated lab beside its scenario file."""
+    return baseline_dir_of(lab.inventory, root=settings.BASE_DIR)
+
+
+def latest_facts(lab: Lab) -> StageRun | None:
+    """The newest preflight on `lab` that kept its nodes' facts: what the lab is now, as
+    far as the stored records show (the health poll keeps too little of them)."""
+    rows = (StageRun.objects.filter(job__lab=lab, name="preflight", status=StageRun.Status.SUCCEEDED,
+                                    finished_at__isnull=False)
+            .order_by("-finished_at").only("job_id", "finished_at", "result"))
+    for row in rows[:5]:
+        if isinstance(row.result, dict) and isinstance(row.result.get("nodes"), dict) and row.result["nodes"]:
+            return row
+    return None
+
+
+def _rate_words(rate: dict[str, Any]) -> str:
+    lo, hi = rate["ci95"]
+    return f"{rate['mean_tps']:.1f} tok/s [{lo:.1f}, {hi:.1f}], n = {rate['n']}"
+
+
+def baseline_row(b: Baseline, every: list[Baseline], now: dt.datetime, *,
+                 facts: dict[str, Any] | None) -> dict[str, Any]:
+    """One baseline as the page shows it: its figures, its age, and whether it still says
+    what the lab delivers (stale, and why) as far as the latest facts tell."""
+    newer = superseded_by(b, every)
+    if facts is None:
+        stale, state = None, "unchecked"
+    else:
+        stale = staleness(b, version=engine_version_of(facts, b.engine.name),
+                          fingerprint=node_fingerprint(facts))
+        state = "stale" if stale else ("superseded" if newer else "current")
+    return {
+        "b": b,
+        "engine": b.engine.words(),
+        "rates": [(w, _rate_words(r)) for w, r in b.rates.items()],
+        "cold_start": (f"{lab_duration(b.cold_start_s)} (n = {b.cold_start['n']}: "
+                       f"{', '.join(f'{v:.0f}' for v in b.cold_start['samples'])} s)"),
+        "age": age_words(b.age(now)),
+        "stale": stale,
+        "state": state,
+        "superseded_by": newer,
+        "file": b.path.name if b.path else "",
+        "folder": b.path.parent.name if b.path else "",
+    }
+
+
+def lab_baselines(lab: Lab, now: dt.datetime) -> dict[str, Any]:
+    directory = lab_baseline_dir(lab)
+    every, problems = read_baselines(directory)
+    seen = latest_facts(lab)
+    facts = seen.result["nodes"] if seen is not None and isinstance(seen.result, dict) else None
+    return {
+        "dir": directory,
+        "rows": [baseline_row(b, every, now, facts=facts) for b in every],
+        "problems": problems,
+        "facts_job": seen.job_id if seen is not None else None,
+        "facts_at": seen.finished_at if seen is not None else None,
+        "facts_age": ago(seen.finished_at, now) if seen is not None and seen.finished_at else "",
+    }
+
+
 def _labs(now: dt.datetime) -> list[dict[str, Any]]:
     labs = []
     for lab in Lab.objects.order_by("name"):
@@ -226,6 +303,7 @@ def _labs(now: dt.datetime) -> list[dict[str, Any]]:
             "poll": poll_summary(health, nodes, now),
             "using": using,
             "nodes": nodes,
+            "baselines": lab_baselines(lab, now),
             "calendar": calendar(lab, timezone.localdate()),
         })
     return labs

@@ -52,6 +52,11 @@ _CHOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 SPEC_METHODS = ("eagle3", "ngram", "mtp")
 WORKLOADS = ("code", "prose")
 REPORTED_FIELDS = ("decode_tps", "cold_start_s")
+# What the customer needs of the model, as opposed to what the configuration happens to set:
+# `max_context` is the longest request they must serve. Without it, the model's native
+# context is the target (METHODOLOGY "Context is a requirement"), so a max_model_len below
+# it is a setting the diagnostic may change, not a requirement it must keep.
+REQUIREMENT_FIELDS = ("max_context",)
 
 # The lab places JIT caches itself (serving.jit_cache); these names may not be set by hand.
 JIT_CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")
@@ -94,7 +99,7 @@ SERVING_DEFAULTS: dict[str, Any] = {
     "linear_backend": "auto",
 }
 TOP_FIELDS = ("schema", "engine", "model", "cluster", "parallel", "serving", "speculative",
-              "env", "extra_args", "workloads", "reported", "launch_command")
+              "env", "extra_args", "workloads", "reported", "requirements", "launch_command")
 # What `launch_command` stands in for: a file giving both is ambiguous.
 COMMAND_FIELDS = ("model", "parallel", "serving", "speculative", "env", "extra_args")
 
@@ -765,6 +770,23 @@ def _reported(raw: Any) -> dict[str, float] | None:
     return {k: _positive(v, f"reported.{k}") for k, v in data.items()}
 
 
+def _requirements(raw: Any) -> dict[str, int] | None:
+    """The customer's stated requirements; None when none is stated (an empty mapping too)."""
+    if raw is None:
+        return None
+    data = _mapping(raw, "requirements", REQUIREMENT_FIELDS)
+    out: dict[str, int] = {}
+    if "max_context" in data:
+        value = data["max_context"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_MODEL_LEN:
+            raise _fail("requirements.max_context",
+                        f"{shown(value)} is not accepted; use the longest request to serve in tokens, "
+                        f"a whole number 1..{MAX_MODEL_LEN} (e.g. 131072), or leave it out to keep the "
+                        "model's native context")
+        out["max_context"] = int(value)
+    return out or None
+
+
 def check_document(data: Any) -> Mapping[str, Any]:
     """`data` as a configuration document: a mapping of known top-level fields with the
     right schema (the fields themselves are checked by normalize_fields)."""
@@ -804,6 +826,9 @@ def normalize_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     reported = _reported(data.get("reported"))
     if reported is not None:
         config["reported"] = reported
+    requirements = _requirements(data.get("requirements"))
+    if requirements is not None:
+        config["requirements"] = requirements
     return config
 
 
@@ -831,13 +856,13 @@ def launch_command_text(data: Mapping[str, Any]) -> str:
 def with_command_fields(data: Mapping[str, Any], parsed: Mapping[str, Any]) -> dict[str, Any]:
     """A `launch_command` document rewritten as a structured one: the fields the parsed
     command set, plus what may sit beside it (`engine.version`, `cluster`, `workloads`,
-    `reported`)."""
+    `reported`, `requirements`)."""
     engine = _mapping(data.get("engine"), "engine", ("name", "version"))
     name = parsed["engine"]["name"]
     if "name" in engine and engine["name"] != name:
         raise _fail("engine.name", f"{shown(engine['name'])} disagrees with launch_command, which "
                                    f"runs {name}; remove engine.name or fix it")
-    rest = {k: data[k] for k in ("cluster", "workloads", "reported") if k in data}
+    rest = {k: data[k] for k in ("cluster", "workloads", "reported", "requirements") if k in data}
     return {**parsed, **rest, "engine": {"name": name, **engine}}
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from diagnostic.jobs.context import StageContext, StopJob
 from diagnostic.jobs.faults import LabFault
+from diagnostic.pipelines.context import context_target
 from lab.catalog import Catalog
 from lab.inventory import Node
 from lab.session import NodeUnreachable
@@ -290,6 +291,15 @@ def model_memory_check(
                       f"{kv_gb:.1f} GB of {dtype} KV for {serving['max_model_len']} tokens "
                       f"{'fits' if ok else 'exceeds'} {budget_gb:.1f} GB "
                       f"(gpu_memory_utilization {serving['gpu_memory_utilization']} of the node's memory)")
+    # The length the day holds the configuration to (reproduce): native unless the customer
+    # asked for less. Told here when it differs, so that staff see the gap before any start.
+    target = context_target(config, profile)
+    if target.target != int(serving["max_model_len"]):
+        target_kv = profile.kv_bytes_per_token[dtype] * target.target / 1e9
+        holds = weights_gb + target_kv <= budget_gb
+        out["context"] = {**target.as_dict(), "kv_gb": round(target_kv, 2), "fits": holds}
+        out["summary"] += (f"; the target context, {target.target} tokens ({target.reason}), needs "
+                           f"{target_kv:.1f} GB of {dtype} KV and {'fits' if holds else 'exceeds'} that")
     return out
 
 

@@ -1,10 +1,19 @@
 """Reproduce: start the customer's configuration on the lab exactly as given, from cold,
 and keep what the start looked like.
 
-A configuration whose KV cache cannot hold one request of its max_model_len fails to
-start; when the engine names the length that fits, that is the customer's finding
-(load.kv_budget) and the day goes on with that length: it is started cold again, and its
-start is the one kept.
+The context is a requirement (METHODOLOGY.md): the model's native context, unless the
+customer stated less (`requirements.max_context`), is what the configuration should hold
+(diagnostic.pipelines.context). A configuration whose KV cache cannot hold one request of its
+max_model_len fails to start; from the engine's own figures and the nodes' memory the stage
+then looks for the memory settings that hold the target (an fp8 KV cache, a higher
+gpu_memory_utilization within what the node allows) and proves them: that configuration is
+started cold, and serves one request of the whole length, and its start is the one kept
+(finding context.native, the change in config_changes). Only when nothing fits (or the proof
+fails) is the context shortened to the length the engine named (load.kv_budget, which then
+says what would fit: nodes, weights a node), started cold again, and that start kept. A
+configuration that starts below its target while the engine's own KV capacity (or settings
+it predicts) would hold the target gets context.native too, proved the same way after the
+customer's start and measurement; one at its target costs nothing more.
 
 Cold means cold (METHODOLOGY.md): the session stops every engine and drops the page
 cache before launching, and the telemetry sampler runs from before the launch, so the
@@ -28,7 +37,23 @@ from diagnostic.jobs.context import StageContext, StopJob
 from diagnostic.jobs.faults import LabFault
 from diagnostic.pipelines import changes
 from diagnostic.pipelines.changes import apply_changes
-from diagnostic.pipelines.client import EndpointError
+from diagnostic.pipelines.client import EndpointError, session_api_key
+from diagnostic.pipelines.context import (
+    PROOF_MIN_WALL_S,
+    PROOF_TIMEOUT_LAB_S,
+    EngineKv,
+    capacity_lines,
+    context_target,
+    kv_from_log,
+    kv_from_refusal,
+    logged_weights_gib,
+    native_request,
+    node_memory,
+    plan_fit,
+    profile_weights_gib,
+    settings_words,
+    would_fit_words,
+)
 from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
 from diagnostic.pipelines.triage.coldstart import launch_offsets
 from lab.engines import parse_log
@@ -85,6 +110,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     ctx.progress(10, "launching the customer's configuration with cold caches")
     config_changes: list[dict[str, Any]] = []
+    context: dict[str, Any] = {}
+    refused = False
     evidence = _launch_marks(session, config)
     try:
         launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
@@ -92,7 +119,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
         if _a_crash(exc, str(config["engine"]["name"])):
             launched, evidence, sampler_from = _start_after_crash(ctx, config, exc)
         else:
-            launched, evidence, sampler_from, config, config_changes = _start_with_fixes(
+            refused = True
+            launched, evidence, sampler_from, config, config_changes, context = _start_with_fixes(
                 ctx, config, exc, sampler_from)
 
     ctx.log(f"serving at {launched.endpoint} after {launched.cold_start_s:.1f} lab s")
@@ -108,6 +136,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
                limit=LOG_TAIL_CHARS)
 
     measured = measure_customer(ctx, config) if measure_here(ctx) else None
+    if not refused:
+        # After the customer's start and measurement: a proof restarts the engine.
+        more, context = native_context_check(ctx, config, engine_log.text)
+        config_changes += more
 
     cold_start = {
         "before_s": launched.cold_start_s,
@@ -145,9 +177,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
         },
         **telemetry,
         "customer_measurement": measured,
-        # A length that fits, when the configuration's did not: the day's other stages (and
-        # the tuned configuration) run with it.
+        # Memory settings that hold the target context (proved), or a length that fits when
+        # nothing does: the day's other stages (and the tuned configuration) run with it.
         "config_changes": config_changes,
+        # The target context, what the engine said of its KV cache, the fit and its proof
+        # (diagnostic.pipelines.context); the gap section reports it.
+        "context": context,
         "sections": {"cold_start": cold_start},
     }
 
@@ -189,14 +224,22 @@ def measure_customer(ctx: StageContext, config: dict[str, Any]) -> dict[str, Any
 
 
 def _start_failed(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, sampler_from: float, *,
-                  retry: bool = False) -> dict[str, Any]:
+                  retry: bool = False, reported: dict[str, Any] | None = None,
+                  context: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a start that failed tells, as findings. A KV cache that cannot hold one request
     of max_model_len, with the length that would fit named by the engine, is the customer's
     to change: the finding carries the change, and the change is returned for the day to go
-    on with. Anything else (or that length failing too) stops the job."""
-    ctx.log(f"the engine did not start on {exc.node}: {exc.reason}")
-    ctx.attach(f"engine log tail, {exc.node}", exc.log_tail)
-    telemetry = _collect_telemetry(ctx, sampler_from)
+    on with. Anything else (or that length failing too) stops the job.
+
+    `reported`: the failure was already logged and its telemetry collected (this is the
+    telemetry); `context`: the search for memory settings that hold the target context,
+    which found none (or whose proof failed): the finding says what would fit."""
+    if reported is None:
+        ctx.log(f"the engine did not start on {exc.node}: {exc.reason}")
+        ctx.attach(f"engine log tail, {exc.node}", exc.log_tail)
+        telemetry = _collect_telemetry(ctx, sampler_from)
+    else:
+        telemetry = reported
     engine = str(config["engine"]["name"])
     kv = kv_budget_evidence(exc.log_tail, engine)
     stopped = {"launched": False, "node": exc.node, "reason": exc.reason, **telemetry}
@@ -207,15 +250,34 @@ def _start_failed(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, 
             "note": "Free memory for the KV cache instead, if the context length matters more: a "
             "higher serving.gpu_memory_utilization, an fp8 KV cache, or more nodes."
         }
+        plan = (context or {}).get("plan") or {}
+        would = plan.get("would_fit")
+        target = int(((context or {}).get("target") or {}).get("target") or kv["max_model_len"])
+        if would:
+            change["note"] = would_fit_words(would, target)
+        tried = (context or {}).get("tried")
+        if tried:
+            change["note"] = (f"Started with {settings_words(tried['settings'])} at {target:,} tokens, the "
+                              f"engine did not serve that length ({tried['why']}).")
+            again = tried.get("kv_budget") or {}
+            fraction = tried["settings"].get("gpu_memory_utilization")
+            if fraction is not None and again.get("kv_available_gib") == kv.get("kv_available_gib"):
+                change["note"] += (
+                    f" A higher gpu_memory_utilization ({fraction:g}) gave the KV cache no more memory "
+                    f"({kv.get('kv_available_gib')} GiB at both fractions): something other than the "
+                    "fraction limits it on these nodes. Free the nodes' memory, or use more nodes.")
         if fits:
             change["config"] = {"serving.max_model_len": {"from": kv["max_model_len"], "to": fits}}
             change["note"] = (f"The rest of the day ran with serving.max_model_len {fits:,}, the longest the "
                               "engine said fits. " + change["note"])
+        extra: dict[str, Any] = {}
+        if context:
+            extra["context"] = {k: context[k] for k in ("target", "plan", "tried") if k in context}
         ctx.add_finding(
             "load.kv_budget",
             f"The KV cache cannot hold one request of {kv['max_model_len']:,} tokens, so the engine "
             "refuses to start",
-            evidence={"node": exc.node, **kv},
+            evidence={"node": exc.node, **kv, **extra},
             change=change,
             blocking=not fits,
         )
@@ -287,12 +349,25 @@ def _start_failed(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, 
 
 def _start_with_fixes(
     ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, sampler_from: float
-) -> tuple[LaunchResult, dict[str, Any], float, dict[str, Any], list[dict[str, Any]]]:
-    """The context does not fit, and the engine said the length that would: the rest of the
-    day runs on the configuration with that length (the customer's to accept or trade for
-    memory), started cold again with a fresh telemetry record. Anything else stops the job."""
+) -> tuple[LaunchResult, dict[str, Any], float, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """The context does not fit. First the memory settings that hold the target context,
+    proved by a cold start that serves a request of that length (that start is the day's);
+    when none fits, or the proof fails, the length the engine said would fit: the rest of
+    the day runs on the configuration with that length (the customer's to accept or trade
+    for memory), started cold again with a fresh telemetry record. Anything else stops the
+    job."""
     session = ctx.session
-    fitted = _start_failed(ctx, config, exc, sampler_from)
+    ctx.log(f"the engine did not start on {exc.node}: {exc.reason}")
+    ctx.attach(f"engine log tail, {exc.node}", exc.log_tail)
+    telemetry = _collect_telemetry(ctx, sampler_from)
+    kv = kv_budget_evidence(exc.log_tail, str(config["engine"]["name"]))
+    context: dict[str, Any] = {}
+    if kv is not None:
+        started, context = _fit_native_on_refusal(ctx, config, exc, kv)
+        if started is not None:
+            launched, evidence, sampler_from, fitted_config, changes = started
+            return launched, evidence, sampler_from, fitted_config, changes, context
+    fitted = _start_failed(ctx, config, exc, sampler_from, reported=telemetry, context=context)
     config_changes = [fitted]
     config = apply_changes(config, config_changes)
     ctx.log(f"starting the configuration again, cold, with serving.max_model_len {fitted['to']:,}")
@@ -303,7 +378,8 @@ def _start_with_fixes(
     except LaunchFailed as again:
         _start_failed(ctx, config, again, sampler_from, retry=True)
         raise AssertionError("a second failed start stops the job") from again
-    return launched, evidence, sampler_from, config, config_changes
+    context["shortened_to"] = fitted["to"]
+    return launched, evidence, sampler_from, config, config_changes, context
 
 
 def _fresh_record(session: LabSession, config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -406,3 +482,251 @@ def _collect_telemetry(ctx: StageContext, since: float) -> dict[str, Any]:
     counts = {node: len(samples) for node, samples in raw.items()}
     ctx.log(f"telemetry: {sum(counts.values())} samples from {len(counts)} nodes")
     return {"telemetry": thinned, "telemetry_samples": counts, "telemetry_stride": strides}
+
+
+# -- the native context ---------------------------------------------------------------------------
+
+Started = tuple[LaunchResult, dict[str, Any], float, dict[str, Any], list[dict[str, Any]]]
+
+
+def _profile(ctx: StageContext, config: dict[str, Any]) -> Any:
+    entry = ctx.catalog.served(config)
+    return entry.profile if entry is not None else None
+
+
+def _nodes_used(config: dict[str, Any]) -> int:
+    return int(config["parallel"]["tp"]) * int(config["parallel"]["pp"])
+
+
+def _node_memory(ctx: StageContext, config: dict[str, Any]) -> Any:
+    """The used nodes' memory with no engine running: preflight's facts (read after the
+    job's sweep stopped every engine), else the nodes asked now: after a failed start that
+    is the same; beside a running engine the memory it holds is missing from what is free,
+    so the ceiling drops to the configured fraction (conservative, never optimistic)."""
+    used = [node.name for node in ctx.session.nodes_for(config)]
+    nodes = ((ctx.earlier_result("preflight") or {}).get("nodes") or {})
+    facts = [nodes[n] for n in used if isinstance(nodes.get(n), dict)]
+    if len(facts) < len(used):
+        try:
+            fresh = ctx.session.facts(used, tolerate=True)
+        except LabError as exc:
+            ctx.log(f"node memory unavailable ({exc}); the configured memory fraction is the ceiling")
+            fresh = {}
+        facts = [f for f in fresh.values() if isinstance(f, dict)]
+    return node_memory(facts)
+
+
+def _context_changes(config: dict[str, Any], settings: dict[str, Any], target: int,
+                     why: str) -> list[dict[str, Any]]:
+    """The fields to change for `settings` at `target` tokens, as proved changes."""
+    serving = config["serving"]
+    out = [changes.change(f"serving.{name}", serving[name], value, finding="context.native", why=why)
+           for name, value in settings.items() if serving.get(name) != value]
+    if int(serving["max_model_len"]) != target:
+        out.append(changes.change("serving.max_model_len", serving["max_model_len"], target,
+                                  finding="context.native", why=why))
+    return out
+
+
+def _prove(ctx: StageContext, config: dict[str, Any], length: int) -> dict[str, Any]:
+    """One request of `length` tokens (prompt and output) on the engine serving `config`,
+    and the lines in which the engine stated its KV cache on this start."""
+    session = ctx.session
+    ctx.log(f"proof: one request of {length:,} tokens (prompt and output) on the engine started at "
+            "that length")
+    try:
+        tokenizer = session.tokenizer_path()
+    except LabError as exc:
+        return {"served": False, "error": f"no tokenizer for the proof prompt: {exc}", "lab_s": 0.0}
+    proof = native_request(
+        session.endpoint, length=length, tokenizer_path=tokenizer, api_key=session_api_key(session),
+        lab_now=session.clock.now,
+        wall_timeout_s=max(PROOF_MIN_WALL_S, session.clock.wall_seconds(PROOF_TIMEOUT_LAB_S)))
+    try:
+        text = session.logs().text
+    except LabError:
+        text = ""
+    proof["engine_lines"] = capacity_lines(text, str(config["engine"]["name"]))
+    if proof["served"]:
+        ctx.log(f"proof: served {proof['prompt_tokens']:,} + {proof['completion_tokens']:,} tokens in "
+                f"{proof['lab_s']:.0f} lab s")
+    else:
+        ctx.log(f"proof: not served ({proof.get('error')})")
+    return proof
+
+
+def _start_and_prove(
+    ctx: StageContext, config: dict[str, Any], length: int, *, cold: bool, sampled: bool = True
+) -> tuple[LaunchResult | None, dict[str, Any], float, dict[str, Any]]:
+    """Start `config` (at `length`) and prove it serves that length: (the start or None,
+    the launch marks, the sampler's start, what happened: `proof`, or `why` it did not).
+    `sampled`: the start is one the day keeps, recorded by the telemetry sampler."""
+    session = ctx.session
+    if sampled:
+        sampler_from, evidence = _fresh_record(session, config)
+    else:
+        sampler_from, evidence = session.clock.now(), _launch_marks(session, config)
+    began = session.clock.now()
+    try:
+        launched = session.launch(config, cold=cold, timeout_s=LAUNCH_TIMEOUT_LAB_S)
+    except LaunchFailed as again:
+        ctx.attach(f"engine log tail, {again.node} (start at {length:,} tokens)", again.log_tail)
+        if sampled:
+            _collect_telemetry(ctx, sampler_from)
+        said = kv_budget_evidence(again.log_tail, str(config["engine"]["name"]))
+        why = (f"it refused to start: {again.reason}" if said is None else
+               f"it refused to start: {said.get('kv_available_gib')} GiB of KV memory for "
+               f"{said.get('kv_needed_gib')} GiB needed")
+        ctx.log(f"the start at {length:,} tokens failed on {again.node}: {again.reason}")
+        failed = {"why": why, "node": again.node, "reason": again.reason, "kv_budget": said,
+                  "lab_s": round(session.clock.now() - began, 1)}
+        return None, evidence, sampler_from, failed
+    proof = _prove(ctx, config, length)
+    outcome = {"proof": proof, "start_lab_s": round(launched.cold_start_s, 1),
+               "lab_s": round(session.clock.now() - began, 1)}
+    if not proof["served"]:
+        outcome["why"] = f"the request of {length:,} tokens was not served: {proof.get('error')}"
+    return launched, evidence, sampler_from, outcome
+
+
+def _native_finding(ctx: StageContext, *, config: dict[str, Any], target: Any, plan: dict[str, Any],
+                    outcome: dict[str, Any], config_changes: list[dict[str, Any]],
+                    refusal: dict[str, Any] | None) -> None:
+    """context.native: the target held with the proved settings, the engine's words, the
+    request served and its lab seconds."""
+    proof = outcome["proof"]
+    settings = plan["settings"]
+    words = settings_words(settings)
+    length = target.target
+    if refusal is not None:
+        title = (f"The context of {length:,} tokens fits with {words}: the configuration as given does not "
+                 f"start, and with {words} the engine started at {length:,} tokens and served a request of "
+                 "that length")
+    else:
+        title = (f"The configuration runs at {target.configured:,} tokens while the context of "
+                 f"{length:,} fits" + (f" with {words}" if settings else "")
+                 + f": the engine started at {length:,} tokens and served a request of that length")
+    note = (f"Serve {length:,} tokens ({target.reason})" + (f" with {words}" if settings else "")
+            + "; proved by a start at that length and one request of "
+            f"{proof['total_tokens']:,} tokens ({proof['prompt_tokens']:,} prompt + "
+            f"{proof['completion_tokens']:,} output) served in {proof['lab_s']:.0f} lab s.")
+    if plan.get("alternatives"):
+        alt = plan["alternatives"][0]
+        note += (f" Also predicted to fit, not started: kv_cache_dtype {alt['kv_cache_dtype']} at "
+                 f"gpu_memory_utilization {alt['gpu_memory_utilization']:g}.")
+    ctx.add_finding(
+        "context.native",
+        title,
+        evidence={
+            "target": target.as_dict(),
+            **({"refusal": refusal} if refusal is not None else {}),
+            "engine": plan["engine"],
+            "plan": {k: plan[k] for k in ("ceiling", "options", "chosen") if k in plan},
+            "engine_lines": proof.get("engine_lines") or [],
+            "request": {k: proof.get(k) for k in ("max_model_len", "prompt_tokens", "completion_tokens",
+                                                  "total_tokens", "finish_reason", "lab_s")},
+            "start_lab_s": outcome.get("start_lab_s"),
+            "lab_s": outcome.get("lab_s"),
+        },
+        change={"config": {c["path"]: {"from": c["from"], "to": c["to"]} for c in config_changes},
+                "note": note},
+    )
+
+
+def _fit_native_on_refusal(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed,
+                           kv: dict[str, Any]) -> tuple[Started | None, dict[str, Any]]:
+    """The engine refused: the memory settings that hold the target context, from its own
+    figures, started cold and proved. (The start and the changed configuration, or None, and
+    the record of the search.)"""
+    engine = str(config["engine"]["name"])
+    profile = _profile(ctx, config)
+    target = context_target(config, profile)
+    # `refused`: the configuration as given did not start, so reproduce's changes are what
+    # the lab could run it with (measure's customer_as_run), not tuning.
+    record: dict[str, Any] = {"target": target.as_dict(), "lab_s": 0.0, "refused": True}
+    nodes = _nodes_used(config)
+    weights = logged_weights_gib(exc.log_tail, engine) or profile_weights_gib(profile, nodes)
+    said = kv_from_refusal(kv, config, weights_gib=weights, profile=profile) if weights else None
+    if said is None:
+        record["why"] = "the engine's refusal and the lab's catalog give no KV or weight figures to fit with"
+        ctx.log(f"context: {record['why']}")
+        return None, record
+    plan = plan_fit(said, target=target.target, memory=_node_memory(ctx, config), profile=profile,
+                    nodes=nodes, lab_nodes=len(ctx.session.nodes))
+    record["plan"] = plan
+    if plan["settings"] is None:
+        ctx.log(f"context: nothing holds {target.target:,} tokens on these nodes: "
+                f"{would_fit_words(plan['would_fit'], target.target)}")
+        return None, record
+    why = f"holds {target.target:,} tokens ({target.reason}); proved by a start and a request of that length"
+    fixes = _context_changes(config, plan["settings"], target.target, why)
+    if not fixes:
+        record["why"] = "the engine's figures and the prediction disagree: nothing to change"
+        return None, record
+    fitted = apply_changes(config, fixes)
+    ctx.log(f"context: {target.target:,} tokens should fit with {settings_words(plan['settings'])} "
+            f"(predicted {plan['chosen']['predicted_kv_gib']} GiB of KV memory for "
+            f"{plan['chosen']['needed_gib']} needed); starting it cold to prove it")
+    ctx.progress(30, f"starting the configuration at {target.target:,} tokens with "
+                     f"{settings_words(plan['settings'])}, cold caches")
+    launched, evidence, sampler_from, outcome = _start_and_prove(ctx, fitted, target.target, cold=True)
+    record["lab_s"] = outcome.get("lab_s", 0.0)
+    if launched is None or "why" in outcome:
+        record["tried"] = {"settings": plan["settings"], **outcome}
+        return None, record
+    record["proof"] = outcome["proof"]
+    record["settings"] = plan["settings"]
+    _native_finding(ctx, config=config, target=target, plan=plan, outcome=outcome, config_changes=fixes,
+                    refusal={"node": exc.node, **kv})
+    return (launched, evidence, sampler_from, fitted, fixes), record
+
+
+def native_context_check(ctx: StageContext, config: dict[str, Any],
+                         log_text: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A configuration that started: when it runs below its target context and the engine's
+    own KV capacity (or settings predicted from it) would hold the target, prove it (a start
+    at the target and one request of that length) and return the change. At the target, no
+    lab time at all."""
+    engine = str(config["engine"]["name"])
+    profile = _profile(ctx, config)
+    target = context_target(config, profile)
+    record: dict[str, Any] = {"target": target.as_dict(), "lab_s": 0.0}
+    nodes = _nodes_used(config)
+    weights = logged_weights_gib(log_text, engine) or profile_weights_gib(profile, nodes)
+    said: EngineKv | None = None
+    if weights:
+        said = kv_from_log(log_text, config, engine=engine, weights_gib=weights, profile=profile)
+    if said is not None:
+        record["engine"] = said.as_dict()
+        record["engine_lines"] = capacity_lines(log_text, engine)
+    if not target.below:
+        return [], record
+    if said is None:
+        record["why"] = "the engine's log gives no KV capacity to reason with"
+        ctx.log(f"context: runs at {target.configured:,} tokens, below {target.target:,}; {record['why']}")
+        return [], record
+    plan = plan_fit(said, target=target.target, memory=_node_memory(ctx, config), profile=profile,
+                    nodes=nodes, lab_nodes=len(ctx.session.nodes))
+    record["plan"] = plan
+    if plan["settings"] is None:
+        ctx.log(f"context: runs at {target.configured:,} tokens; {target.target:,} does not fit on these "
+                f"nodes ({would_fit_words(plan['would_fit'], target.target)})")
+        return [], record
+    why = f"holds {target.target:,} tokens ({target.reason}); proved by a start and a request of that length"
+    fixes = _context_changes(config, plan["settings"], target.target, why)
+    native = apply_changes(config, fixes)
+    held = f", with {settings_words(plan['settings'])}" if plan["settings"] else ""
+    ctx.log(f"context: runs at {target.configured:,} tokens while its KV cache ({said.tokens or 0:,} tokens"
+            f"{held}) should hold {target.target:,}; starting it at {target.target:,} to prove it")
+    ctx.progress(90, f"proving the context of {target.target:,} tokens")
+    launched, _, _, outcome = _start_and_prove(ctx, native, target.target, cold=False, sampled=False)
+    record["lab_s"] = outcome.get("lab_s", 0.0)
+    if launched is None or "why" in outcome:
+        record["tried"] = {"settings": plan["settings"], **outcome}
+        ctx.log(f"context: not proved ({outcome.get('why')}); no finding")
+        return [], record
+    record["proof"] = outcome["proof"]
+    record["settings"] = plan["settings"]
+    _native_finding(ctx, config=config, target=target, plan=plan, outcome=outcome, config_changes=fixes,
+                    refusal=None)
+    return fixes, record

@@ -170,7 +170,7 @@ def _normalize(data: Mapping[str, Any], *, catalog: Catalog | None,
 
 
 # Fields that may sit beside a launch command: their errors stay theirs.
-_BESIDE_COMMAND = ("engine", "cluster", "workloads", "reported", "schema")
+_BESIDE_COMMAND = ("engine", "cluster", "workloads", "reported", "schema", "requirements")
 
 
 def _command_error(engine: Engine, exc: ConfigError) -> ConfigError:

@@ -33,7 +33,7 @@ from lab.inventory import Node
 # them: engine.version with the version given beside the command (else
 # lab.config.DEFAULT_ENGINE_VERSIONS), model.quantization nvfp4, cluster from tp × pp,
 # workloads both, reported absent.
-UNCARRIED = ("engine.version", "model.quantization", "cluster", "workloads", "reported")
+UNCARRIED = ("engine.version", "model.quantization", "cluster", "workloads", "reported", "requirements")
 
 LAUNCH_SCHEMA = "lab.launch/1"
 MASTER_PORT = 29500  # torch.distributed rendezvous on the head's data address (vLLM)

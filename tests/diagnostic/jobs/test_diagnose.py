@@ -134,6 +134,13 @@ def test_a_configuration_whose_kv_cache_does_not_fit_is_the_customers_finding_wi
     assert 0 < fits < 262144
     assert "retry" not in evidence
     assert finding["change"]["config"] == {"serving.max_model_len": {"from": 262144, "to": fits}}
+    # The native context was tried first (a higher memory fraction, predicted from the engine's
+    # figures): the engine refused again with the same KV memory, so the fault's fixed budget,
+    # not the fraction, limits it, and the finding says so.
+    tried = evidence["context"]["tried"]
+    assert tried["settings"]["gpu_memory_utilization"] > 0.85
+    assert tried["kv_budget"]["kv_available_gib"] == evidence["kv_available_gib"]
+    assert "gave the KV cache no more memory" in finding["change"]["note"]
     # The day went on at the length that fits: it started (cold), and it was measured there.
     reproduce = DiagnosticJob.objects.get(pk=document["job"]["id"]).stage_runs.get(name="reproduce").result
     assert any(f"--max-model-len {fits}" in " ".join(spec["argv"]) for spec in reproduce["launch"])

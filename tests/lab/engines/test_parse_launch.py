@@ -406,13 +406,14 @@ def test_normalizing_is_idempotent(config: dict[str, Any]) -> None:
 def test_fields_a_command_cannot_carry_take_defaults_and_nothing_else_differs() -> None:
     config = normalize_config({"engine": {"name": "vllm", "version": "0.29.0"},
                                "model": {"quantization": "fp8"}, "cluster": {"nodes": 4},
-                               "workloads": ["prose"], "reported": {"decode_tps": 15}})
+                               "workloads": ["prose"], "reported": {"decode_tps": 15},
+                               "requirements": {"max_context": 131072}})
     parsed = parse_launch(render(config, spark_nodes(1))[0]["argv"], {}).config
     assert parsed["engine"]["version"] == "0.34.0"
     assert parsed["model"]["quantization"] == "nvfp4"
     assert parsed["cluster"]["nodes"] == 1
     assert parsed["workloads"] == ["code", "prose"]
-    assert "reported" not in parsed
+    assert "reported" not in parsed and "requirements" not in parsed
     assert launch_view(parsed) == launch_view(as_launched(config))
     assert set(UNCARRIED) == {"engine.version", "model.quantization", "cluster", "workloads",
-                              "reported"}
+                              "reported", "requirements"}

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec bench-chaos bench-day engine-tables clean
+.PHONY: install lint test demo bench bench-sim bench-measure bench-report bench-triage bench-fp4 bench-portal bench-specdec bench-gap bench-chaos bench-day engine-tables clean
 
 # The demo and the benchmarks are development processes: DEBUG=1, so the settings need no
 # SECRET_KEY (they refuse to start without one otherwise). The tests set their own
@@ -40,7 +40,7 @@ demo: install
 	$(PY) manage.py diagnose --config examples/configs/kimi-k2-8spark-outofbox.yaml \
 		--lab sim:lab/scenarios/reference-kimi-k2-8spark.yaml --dilation $(DEMO_DILATION) --out out/demo
 
-bench: bench-sim bench-measure bench-report bench-triage bench-fp4 bench-specdec bench-chaos bench-day
+bench: bench-sim bench-measure bench-report bench-triage bench-fp4 bench-specdec bench-gap bench-chaos bench-day
 
 bench-day: install
 	$(PY) benchmarks/bench_day.py
@@ -68,6 +68,11 @@ bench-portal: install
 # About 14 minutes: the specdec stage 40 times on simulated labs (benchmarks/bench_specdec.py).
 bench-specdec: install
 	$(PY) benchmarks/bench_specdec.py
+
+# About 10 minutes: the gap stage on 20 simulated labs, a confusion matrix of the costly
+# differences it proves, and its restarts against one field at a time (benchmarks/bench_gap.py).
+bench-gap: install
+	$(PY) benchmarks/bench_gap.py
 
 # About 10 minutes: 20 random faults (kind x stage x time) in jobs on private PostgreSQL and
 # Redis servers, and whether each job still ended well (benchmarks/bench_chaos.py). Root

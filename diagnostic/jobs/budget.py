@@ -36,6 +36,10 @@ RESERVE_LAB_S = {
     # screened, the acceptance model's peaks confirmed: 1,818 lab s on the reference at
     # dilation 45; 1,050 to 3,260 over bench-specdec's 40 labs at dilation 60.
     "specdec": 2200.0,
+    # The gap to the lab's baseline: nothing when no field differs (the reference day);
+    # with one difference, a warm restart and its n = 15 proof (~450 lab s on the reference
+    # lab), the current rate read from specdec's confirmation runs.
+    "gap": 600.0,
     # One tuned true cold start and the tuned configuration's n = 15 per workload (~940).
     "measure": 1000.0,
     "report": 10.0,

@@ -22,7 +22,7 @@ from reports.moneyback import held_decision
 
 SCHEMA = "diagnostic.findings/1"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "findings.schema.json"
-SECTIONS = ("cold_start", "fp4", "speculative", "measurement")
+SECTIONS = ("cold_start", "fp4", "speculative", "gap", "measurement")
 
 
 class FindingsInvalid(ValueError):

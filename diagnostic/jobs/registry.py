@@ -6,7 +6,7 @@ adapter module in `diagnostic.jobs.stages` named after it, which registers with
 so which stages exist and in what order never depends on the order apps are imported.
 A stage is a callable taking a StageContext and returning a JSON-serialisable result
 dict; a result's `sections` mapping fills the findings.json sections of the same name
-(`cold_start`, `fp4`, `speculative`, `measurement`).
+(`cold_start`, `fp4`, `speculative`, `gap`, `measurement`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ StageFn = Callable[[StageContext], dict[str, Any]]
 
 # Every stage a job can run, in the order it runs them. A stage whose adapter is not
 # built yet is simply absent from a job's plan; a name outside this list cannot register.
-STAGE_ORDER = ("preflight", "reproduce", "triage", "fp4", "specdec", "measure", "report")
+STAGE_ORDER = ("preflight", "reproduce", "triage", "fp4", "specdec", "gap", "measure", "report")
 ADAPTER_PACKAGE = "diagnostic.jobs.stages"
 
 

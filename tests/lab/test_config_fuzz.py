@@ -150,7 +150,8 @@ commands = st.one_of(
 )
 
 
-@fuzz(500)
+# 200: each YAML text costs ~35 ms (deep and huge documents), the suite's slowest unit test at 500.
+@fuzz(200)
 @given(text=yaml_texts)
 def test_yaml_text_gives_a_configuration_or_a_field_error(text: str) -> None:
     check_outcome(lambda: load_config_text(text))

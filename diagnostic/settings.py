@@ -303,6 +303,9 @@ PORTAL_AUTO_APPROVE = envbool("PORTAL_AUTO_APPROVE", DEBUG)
 # (preflight, reproduce, report) always run.
 PORTAL_JOB_STAGES = envlist("PORTAL_JOB_STAGES", [])
 PORTAL_CALENDAR_DAYS = envint("PORTAL_CALENDAR_DAYS", 56, minimum=7)
+# What the booking pages say a lab day costs, in the firm's own words (e.g. "EUR 4,800 per
+# lab day, excluding VAT"); unset, they refer the customer to the price in their order.
+PORTAL_LAB_DAY_PRICE = envstr("PORTAL_LAB_DAY_PRICE", "")
 # One organisation holds at most this many upcoming lab days at once (not cancelled or
 # completed); the portal refuses another, naming the days it holds.
 BOOKING_MAX_OPEN_PER_ORG = envint("BOOKING_MAX_OPEN_PER_ORG", 3, minimum=1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from django.utils import timezone
+
 from diagnostic.bookings.models import (
     Booking,
     LabDay,
@@ -22,7 +24,8 @@ class CalendarDay:
     # The lab day's id (None: the lab has no day that date); rows, not model instances, as
     # the calendar reads up to 63 of them a request.
     lab_day_id: int | None
-    # "available", "booked", "yours", "closed", "soon" (inside the cutoff), "none" (no lab day)
+    # "available", "booked", "yours", "closed", "soon" (inside the cutoff), "past" (before
+    # today), "none" (no lab day)
     state: str
 
     @property
@@ -44,13 +47,14 @@ class CalendarDay:
         return STATE_WORDS.get(self.state, "")
 
 
-STATE_WORDS = {"yours": "yours", "booked": "booked", "closed": "closed", "soon": "too soon"}
+STATE_WORDS = {"yours": "yours", "booked": "booked", "closed": "closed", "soon": "too soon", "past": "past"}
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
 def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) -> list[list[CalendarDay]]:
     """Weeks (Monday first) from `start`'s week over PORTAL_CALENDAR_DAYS days."""
     first = start or first_bookable_date()
+    today = timezone.localdate()
     monday = first - dt.timedelta(days=first.weekday())
     # The same end the bookings domain refuses days beyond (booking_window).
     end = calendar_end(first)
@@ -73,6 +77,8 @@ def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) ->
             state = "none"
         elif date in active:
             state = "yours" if active[date] == organisation.pk else "booked"
+        elif date < today:
+            state = "past"  # the days before today in the calendar's first week
         elif closed:
             state = "closed"
         elif date < first:

@@ -20,11 +20,13 @@ from diagnostic.bookings.configs import masked_submission, submit_configuration
 from diagnostic.bookings.models import Booking, cancel_waiting_jobs
 from diagnostic.controlchars import checks_control_characters
 from diagnostic.jobs.orchestration import create_job
+from diagnostic.portal.configform import initial_values, sections, version_choices
 from diagnostic.portal.jobrun import start_job
 from diagnostic.portal.scoping import customer_required, get_booking_for_customer
 from diagnostic.portal.submission import (
     NON_FIELD,
     STRUCTURED_FIELDS,
+    YAML_MAX_BYTES,
     Source,
     Submission,
     SubmissionError,
@@ -38,16 +40,8 @@ from diagnostic.portal.submission import (
     yaml_text_from_upload,
 )
 from lab.catalog import Catalog
-from lab.config import JIT_CACHES, KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS, SPEC_METHODS, mask_text
+from lab.config import mask_text
 
-CHOICES = {
-    "engine.name": ("vllm", "sglang"),
-    "model.quantization": QUANTIZATIONS,
-    "serving.kv_cache_dtype": KV_CACHE_DTYPES,
-    "serving.load_format": LOAD_FORMATS,
-    "serving.jit_cache": JIT_CACHES,
-    "speculative.method": SPEC_METHODS,
-}
 # `replaces`: the waiting job a new confirmation replaces (named, so that a second click
 # on the same confirmation does not replace the job the first one made).
 KEPT_INPUTS = (
@@ -65,7 +59,7 @@ def _submission(request: HttpRequest, values: dict[str, str], catalog: Catalog) 
     if source == Source.YAML:
         upload = request.FILES.get("yaml_file")
         if upload is not None and upload.size:
-            values["yaml_text"] = yaml_text_from_upload(upload.read(64 * 1024 + 1))
+            values["yaml_text"] = yaml_text_from_upload(upload.read(YAML_MAX_BYTES + 1), size=upload.size)
         return from_yaml(values.get("yaml_text", ""), catalog=catalog)
     if source == Source.COMMAND:
         return from_command(values.get("command", ""), catalog=catalog)
@@ -74,22 +68,23 @@ def _submission(request: HttpRequest, values: dict[str, str], catalog: Catalog) 
     raise SubmissionError({NON_FIELD: ["choose how to give the configuration: form, YAML or command"]})
 
 
-def _form_rows(values: dict[str, str], errors: dict[str, list[str]]) -> list[dict[str, Any]]:
-    rows = []
-    for dotted, kind in STRUCTURED_FIELDS:
-        name = input_name(dotted)
-        rows.append(
-            {
-                "dotted": dotted,
+def _form_sections(values: dict[str, str], errors: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The form's sections, each field with its words, its value (as typed, or the lab's
+    default on a fresh form) and its errors."""
+    drawn = []
+    for section in sections():
+        rows: list[dict[str, Any]] = []
+        for spec in section.fields:
+            name = spec.name
+            rows.append({
+                "spec": spec,
                 "name": name,
-                "kind": kind,
                 "value": values.get(name, ""),
-                "choices": CHOICES.get(dotted, ()),
                 "errors": errors.get(name, []),
                 "checked": values.get(name) in ("on", "true", "1"),
-            }
-        )
-    return rows
+            })
+        drawn.append({"section": section, "rows": rows})
+    return drawn
 
 
 QUOTED = re.compile(r"'([^'\n]{1,200})'")
@@ -117,13 +112,19 @@ def _page(
     errors: dict[str, list[str]],
     status: int = 200,
 ) -> HttpResponse:
+    # A fresh structured form starts from the lab's defaults; a submitted one from what was typed.
+    form_values = values if values.get("source") == Source.FORM else {**initial_values(), **values}
+    drawn = _form_sections(form_values, errors)
     context = {
         "booking": booking,
         "replacing": _open_job(booking),
         "values": values,
         "errors": errors,
         "source": values.get("source", Source.COMMAND),
-        "form_rows": _form_rows(values, errors),
+        "form_sections": drawn,
+        "invalid_rows": [row for block in drawn for row in block["rows"] if row["errors"]],
+        "versions": version_choices(),
+        "problem_count": sum(len(m) for m in errors.values()),
         "non_field_errors": errors.get(NON_FIELD, []),
         "command_mark": token_in_command(values.get("command", ""), errors.get("command", [])),
     }

@@ -12,6 +12,8 @@ refuses one it does not hold with the list of what it holds.
 
 from __future__ import annotations
 
+import copy
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,9 +25,10 @@ from django.core.exceptions import ValidationError
 
 from diagnostic.bookings.configs import form_text, lab_catalog, normalize_submission, text_control_problem
 from diagnostic.bookings.models import ClusterConfiguration, Lab
+from diagnostic.portal.configform import REQUIRED_WORDS, form_fields
 from lab.catalog import Catalog, CatalogError
-from lab.config import ConfigError
-from lab.engines import render
+from lab.config import ConfigError, read_config_text
+from lab.engines import normalize_config, render
 from lab.inventory import Node
 
 Source = ClusterConfiguration.Source
@@ -53,30 +56,10 @@ class Submission:
 
 
 # -- the structured form ---------------------------------------------------------------
-# (dotted configuration field, kind); the form's input is named with "__" for ".".
-STRUCTURED_FIELDS: tuple[tuple[str, str], ...] = (
-    ("engine.name", "text"),
-    ("engine.version", "text"),
-    ("model.id", "text"),
-    ("model.quantization", "text"),
-    ("model.path", "text"),
-    ("cluster.nodes", "int"),
-    ("cluster.node_type", "text"),
-    ("cluster.link_gbps", "number"),
-    ("parallel.tp", "int"),
-    ("parallel.pp", "int"),
-    ("parallel.expert_parallel", "bool"),
-    ("serving.max_model_len", "int"),
-    ("serving.kv_cache_dtype", "text"),
-    ("serving.gpu_memory_utilization", "number"),
-    ("serving.enforce_eager", "bool"),
-    ("serving.load_format", "text"),
-    ("serving.jit_cache", "text"),
-    ("speculative.method", "text"),
-    ("speculative.draft_model", "text"),
-    ("speculative.num_speculative_tokens", "int"),
-    ("env", "env"),
-)
+# (dotted configuration field, kind); the form's input is named with "__" for ".". The form's
+# sections, words and defaults are diagnostic.portal.configform's.
+STRUCTURED_FIELDS: tuple[tuple[str, str], ...] = tuple((f.dotted, f.value_kind) for f in form_fields())
+REQUIRED_FIELDS = tuple(f.dotted for f in form_fields() if f.required)
 
 
 def input_name(dotted: str) -> str:
@@ -89,7 +72,7 @@ def _typed(text: str, kind: str) -> Any:
     value = text.strip()
     try:
         if kind == "int":
-            return int(value)
+            return int(value.replace(",", "").replace("_", ""))
         if kind == "number":
             return float(value)
     except ValueError:
@@ -111,21 +94,33 @@ def parse_env(text: str) -> dict[str, str]:
     return env
 
 
-def structured_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+def form_document(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[str]]]:
     """The configuration document a filled-in structured form describes (blank inputs are
-    left out, so the configuration's defaults apply)."""
+    left out, so the configuration's defaults apply), and the problems of single inputs
+    (too long, an env line that is not NAME=value, a required field left blank), every one
+    of them, by input."""
     document: dict[str, Any] = {}
+    errors: dict[str, list[str]] = {}
     for dotted, kind in STRUCTURED_FIELDS:
-        raw = data.get(input_name(dotted))
+        name = input_name(dotted)
+        raw = data.get(name)
         limit = ENV_MAX_CHARS if kind == "env" else FIELD_MAX_CHARS
         if raw is not None and len(str(raw)) > limit:
-            raise ConfigError(dotted, f"is {len(str(raw)):,} characters long; the limit is {limit:,}")
+            errors.setdefault(name, []).append(
+                f"{dotted}: is {len(str(raw)):,} characters long; the limit is {limit:,}")
+            continue
         if kind == "bool":
             value: Any = raw in ("on", "true", "1", True)
         elif raw is None or not str(raw).strip():
+            if dotted in REQUIRED_FIELDS:
+                errors.setdefault(name, []).append(f"{dotted}: is required; {REQUIRED_WORDS[dotted]}")
             continue
         elif kind == "env":
-            value = parse_env(str(raw))
+            try:
+                value = parse_env(str(raw))
+            except ConfigError as exc:
+                errors.setdefault(name, []).append(str(exc))
+                continue
         else:
             value = _typed(str(raw), kind)
         section, _, leaf = dotted.partition(".")
@@ -135,6 +130,16 @@ def structured_fields(data: Mapping[str, Any]) -> dict[str, Any]:
             document[section] = value
     if "speculative" in document and "method" not in document["speculative"]:
         document.pop("speculative")  # no method chosen: no speculative decoding
+    return document, errors
+
+
+def structured_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration document of a structured form; ConfigError on its first problem
+    (form_document lists them all)."""
+    document, errors = form_document(data)
+    for name, messages in errors.items():
+        dotted = next((d for d, _ in STRUCTURED_FIELDS if input_name(d) == name), name)
+        raise ConfigError(dotted, messages[0].removeprefix(f"{dotted}: "))
     return document
 
 
@@ -195,19 +200,118 @@ def check(source: str, raw_text: str, *, target: str, catalog: Catalog | None = 
     return Submission(source=source, raw_text=raw_text, normalized=normalized)
 
 
+# -- every problem at once ----------------------------------------------------------------
+# lab.config stops at a configuration's first problem. To list them all, the document is
+# checked again without each field found at fault (its default stands in), until it passes
+# or nothing more can be taken out: the customer fixes a form in one go, not one field per
+# round trip. The list is bounded; the first problem is always the one the lab reports.
+MAX_PROBLEMS = 20
+_INDEXED = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<index>\d+)\]$")
+
+
+def _drop(document: dict[str, Any], dotted: str) -> bool:
+    """Take the field `dotted` (as a ConfigError names it) out of `document`; False when it
+    is not there to take (the search then stops)."""
+    if dotted == "parallel":
+        # tp x pp wants more nodes than cluster.nodes: the node count is the one to drop
+        # (it then defaults to what the layout uses), else the layout itself.
+        for section, leaf in (("cluster", "nodes"), ("parallel", "pp"), ("parallel", "tp")):
+            part = document.get(section)
+            if isinstance(part, dict) and leaf in part:
+                del part[leaf]
+                return True
+        return False
+    parts = dotted.split(".")
+    if parts[0] == "env" and len(parts) > 1:
+        parts = ["env", ".".join(parts[1:])]
+    holder: Any = document
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        indexed = _INDEXED.match(part)
+        key: Any = indexed.group("name") if indexed else part
+        if not isinstance(holder, dict) or key not in holder:
+            return False
+        if indexed:
+            items = holder[key]
+            position = int(indexed.group("index"))
+            if not isinstance(items, list) or position >= len(items):
+                return False
+            if not last:
+                holder = items[position]
+                continue
+            del items[position]
+            return True
+        if last:
+            del holder[key]
+            return True
+        holder = holder[key]
+    return False
+
+
+def config_problems(document: Mapping[str, Any], *, catalog: Catalog | None) -> list[ConfigError]:
+    """Every problem of a configuration document the lab's checks find, first the one they
+    stop at, then those found once each culprit is left out."""
+    trial: dict[str, Any] = copy.deepcopy(dict(document))
+    found: list[ConfigError] = []
+    seen: set[tuple[str, str]] = set()
+    while len(found) < MAX_PROBLEMS:
+        try:
+            normalize_config(trial, catalog=catalog)
+            break
+        except ConfigError as exc:
+            key = (exc.field, exc.problem)
+            if key in seen:
+                break
+            seen.add(key)
+            found.append(exc)
+            if not _drop(trial, exc.field):
+                break
+        except (ValueError, TypeError, RecursionError, yaml.YAMLError):
+            break
+    return found
+
+
 def from_form(data: Mapping[str, Any], *, catalog: Catalog | None = None) -> Submission:
+    document, errors = form_document(data)
+    if errors:
+        # The inputs' own problems and the required fields, with the rest of the form's.
+        for problem in config_problems(document, catalog=catalog):
+            where = _form_input_for(problem.field)
+            if str(problem) not in errors.get(where, []):
+                errors.setdefault(where, []).append(str(problem))
+        raise SubmissionError(errors)
     try:
-        document = structured_fields(data)
-    except ConfigError as exc:
-        raise SubmissionError({_form_input_for(exc.field): [str(exc)]}) from exc
-    return check(Source.FORM, form_text(document), target=NON_FIELD, catalog=catalog)
+        return check(Source.FORM, form_text(document), target=NON_FIELD, catalog=catalog)
+    except SubmissionError as first:
+        problems = config_problems(document, catalog=catalog)
+        if not problems:
+            raise
+        listed: dict[str, list[str]] = {}
+        for problem in problems:
+            listed.setdefault(_form_input_for(problem.field), []).append(str(problem))
+        raise SubmissionError(listed) from first
 
 
-def yaml_text_from_upload(content: bytes) -> str:
-    if len(content) > YAML_MAX_BYTES:
-        raise SubmissionError(
-            {"yaml_text": [f"file: is {len(content)} bytes; the limit is {YAML_MAX_BYTES}"]}
-        )
+def human_size(size: int) -> str:
+    """A file size as people read it: 812 bytes, 12.5 KiB, 3.2 MiB."""
+    if size < 1024:
+        return f"{size:,} bytes"
+    value, unit = size / 1024, "KiB"
+    if value >= 1024:
+        value, unit = value / 1024, "MiB"
+    return f"{value:,.0f} {unit}" if value.is_integer() else f"{value:,.1f} {unit}"
+
+
+def size_problem(size: int) -> str:
+    return (f"file: is {human_size(size)} ({size:,} bytes); the limit is {human_size(YAML_MAX_BYTES)} "
+            f"({YAML_MAX_BYTES:,} bytes)")
+
+
+def yaml_text_from_upload(content: bytes, *, size: int | None = None) -> str:
+    """The text of an uploaded file. `content` is read up to one byte past the limit;
+    `size` is the whole file's, so that the message says how big it really is."""
+    if len(content) > YAML_MAX_BYTES or (size is not None and size > YAML_MAX_BYTES):
+        raise SubmissionError({"yaml_text": [size_problem(max(size or 0, len(content)))]})
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -221,12 +325,72 @@ def yaml_text_from_upload(content: bytes) -> str:
     return text
 
 
+def field_lines(text: str) -> dict[str, int]:
+    """The line (1-based) of each field of a YAML configuration, by the dotted path its
+    errors name (`parallel.tp`, `env.NCCL_DEBUG`, `extra_args[2]`); {} when it cannot be read."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return {}
+    lines: dict[str, int] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if not isinstance(key, yaml.ScalarNode):
+                    continue
+                here = f"{path}.{key.value}" if path else str(key.value)
+                lines.setdefault(here, key.start_mark.line + 1)
+                walk(value, here)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                here = f"{path}[{index}]"
+                lines.setdefault(here, item.start_mark.line + 1)
+                walk(item, here)
+
+    walk(root, "")
+    return lines
+
+
+def _line_of(dotted: str, lines: Mapping[str, int]) -> int | None:
+    """The line of `dotted`, else of the nearest field holding it."""
+    path = dotted
+    while path:
+        if path in lines:
+            return lines[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
+
+
+def _with_line(problem: ConfigError, lines: Mapping[str, int]) -> str:
+    line = _line_of(problem.field, lines)
+    message = str(problem)
+    return f"line {line}: {message}" if line is not None and not message.startswith("line ") else message
+
+
 def from_yaml(text: str, *, catalog: Catalog | None = None) -> Submission:
     if not text.strip():
         raise SubmissionError({"yaml_text": ["file: is empty; upload or paste a diagnostic.config/1 file"]})
-    if len(text.encode("utf-8", errors="replace")) > YAML_MAX_BYTES:
-        raise SubmissionError({"yaml_text": [f"file: is larger than the {YAML_MAX_BYTES}-byte limit"]})
-    return check(Source.YAML, text, target="yaml_text", catalog=catalog)
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > YAML_MAX_BYTES:
+        raise SubmissionError({"yaml_text": [size_problem(size)]})
+    try:
+        return check(Source.YAML, text, target="yaml_text", catalog=catalog)
+    except SubmissionError as first:
+        try:
+            document = read_config_text(text, max_bytes=YAML_MAX_BYTES)
+        except (ConfigError, ValueError, RecursionError, yaml.YAMLError):
+            raise first from None  # the file itself cannot be read: that one problem
+        problems = config_problems(document, catalog=catalog)
+        if len(problems) <= 1:
+            if problems:
+                raise SubmissionError({"yaml_text": [_with_line(problems[0], field_lines(text))]}) from first
+            raise
+        lines = field_lines(text)
+        # In the file's order, as the customer reads it top to bottom.
+        ordered = sorted(problems, key=lambda p: _line_of(p.field, lines) or 0)
+        raise SubmissionError({"yaml_text": [_with_line(p, lines) for p in ordered]}) from first
 
 
 def from_command(text: str, *, catalog: Catalog | None = None) -> Submission:

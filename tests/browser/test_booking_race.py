@@ -43,9 +43,13 @@ def test_two_browsers_booking_the_same_day_at_once(
     customer("ben@two.example", "Two Serving")
     pages = [logged_in_page(browser, live_server.url, e) for e in ("ann@one.example", "ben@two.example")]
     button = f"button[data-date='{day.date:%Y-%m-%d}']"
-    # Both clicks leave before either answer arrives.
+    # Both read the day's summary, then both confirm: the confirmations leave before either
+    # answer arrives.
     for page in pages:
-        page.click(button, no_wait_after=True)
+        page.click(button)
+        page.wait_for_selector("#confirm-booking")
+    for page in pages:
+        page.click("#confirm-booking", no_wait_after=True)
     for page in pages:
         page.wait_for_load_state("load")
         page.wait_for_selector("h1")

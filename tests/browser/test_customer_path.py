@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 EMAIL = "carol@initech.example"
 PASSWORD = "correct horse battery 42"
 COMMAND = (
-    "VLLM_USE_FLASHINFER_MOE_FP4=1 vllm serve /models/kimi-k2 \\\n"
+    "NCCL_DEBUG=WARN vllm serve /models/kimi-k2 \\\n"
     "  --served-model-name moonshotai/Kimi-K2-Instruct-0905 \\\n"
     "  --tensor-parallel-size 8 --enable-expert-parallel \\\n"
     "  --max-model-len 262144 --kv-cache-dtype fp8 --gpu-memory-utilization 0.85 \\\n"
@@ -84,6 +84,10 @@ def test_a_customer_goes_from_invitation_to_report(
     date = first.get_attribute("data-date")
     assert date == today.isoformat()
     first.click()
+    # The day's summary (lab, price, money back) before anything is booked.
+    page.wait_for_selector("#booking-summary")
+    assert not Booking.objects.exists()
+    page.click("#confirm-booking")
     page.wait_for_url(re.compile(r"/portal/bookings/[0-9a-f-]+/$"))
     assert "Booked" in page.inner_text("main")
     screenshot(page, "05-booking")

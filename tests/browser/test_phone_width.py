@@ -60,10 +60,14 @@ def test_the_customer_pages_fit_a_phone(browser: Any, live_server: Any, portal_s
         "booking-finished": f"/portal/bookings/{owned.booking.uuid}/",
         "booking-upcoming": f"/portal/bookings/{upcoming.uuid}/",
         "config": f"/portal/bookings/{upcoming.uuid}/config/",
+        "book-summary": f"/portal/book/summary/?lab_day={days[15].pk}",
+        "cancel-summary": f"/portal/bookings/{upcoming.uuid}/cancel/",
         "job": f"/portal/jobs/{owned.job.pk}/",
     }
     for name, path in pages.items():
         page.goto(f"{live_server.url}{path}")
+        if name == "config":
+            page.click("#by-form summary")  # the structured form, open, at phone width
         screenshot(page, f"phone-{name}")
         seen = page.evaluate(MEASURE)
         assert seen["scroll"] <= WIDTH, f"{path} is {seen['scroll']} px wide at {WIDTH}"

@@ -104,6 +104,7 @@ def test_a_consultant_watches_a_portal_job_live_then_reviews_and_approves(
     portal = watch(alice.new_page(), errors)
     portal.goto(f"{live_server.url}/portal/book/")
     portal.click(f"table.calendar button[data-date='{today.isoformat()}']")
+    portal.click("#confirm-booking")
     portal.wait_for_url(re.compile(r"/portal/bookings/[0-9a-f-]+/$"))
     booking = Booking.objects.get(customer=cast.alice)
     assert booking.lab_day.date == today

@@ -26,10 +26,12 @@ from diagnostic.bookings.models import (
 from tests.diagnostic.conftest import Cast, make_customer
 
 pytestmark = pytest.mark.django_db
+# What the confirmation button of a summary page sends.
+CONFIRMED = {"confirmed": "yes"}
 
 
 def book(cast: Cast, who: str, day: LabDay) -> Any:
-    return cast.client(who).post("/portal/book/", {"lab_day": day.pk})
+    return cast.client(who).post("/portal/book/", {"lab_day": day.pk, **CONFIRMED})
 
 
 def day_at(lab: Lab, date: dt.date) -> LabDay:
@@ -55,7 +57,7 @@ def test_cancelled_completed_and_past_bookings_free_the_quota(
 ) -> None:
     held = [book_lab_day(lab_day=day, customer=cast.alice) for day in days_ahead[:3]]
     assert book(cast, "alice", days_ahead[3]).status_code == 400
-    cast.client("alice").post(f"/portal/bookings/{held[0].uuid}/cancel/")
+    cast.client("alice").post(f"/portal/bookings/{held[0].uuid}/cancel/", CONFIRMED)
     assert book(cast, "alice", days_ahead[3]).status_code == 302
     Booking.objects.filter(pk=held[1].pk).update(status=Booking.Status.COMPLETED)
     assert book(cast, "alice", days_ahead[4]).status_code == 302
@@ -133,20 +135,22 @@ def test_a_booking_cannot_be_moved_beyond_the_calendar(
     _, end = booking_window()
     beyond = day_at(lab, end + dt.timedelta(days=10))
     page = cast.client("alice").post(
-        f"/portal/bookings/{booking.uuid}/reschedule/", {"lab_day": beyond.pk}, follow=True
+        f"/portal/bookings/{booking.uuid}/reschedule/", {"lab_day": beyond.pk, **CONFIRMED}, follow=True
     ).content.decode()
     assert "further ahead than the booking calendar reaches" in page
     booking.refresh_from_db()
     assert booking.lab_day == days_ahead[0]
     # Inside it, the move is made.
-    cast.client("alice").post(f"/portal/bookings/{booking.uuid}/reschedule/", {"lab_day": days_ahead[6].pk})
+    cast.client("alice").post(f"/portal/bookings/{booking.uuid}/reschedule/",
+                              {"lab_day": days_ahead[6].pk, **CONFIRMED})
     booking.refresh_from_db()
     assert booking.lab_day == days_ahead[6]
 
 
 def test_moving_does_not_count_against_the_quota(cast: Cast, days_ahead: list[LabDay]) -> None:
     held = [book_lab_day(lab_day=day, customer=cast.alice) for day in days_ahead[:3]]
-    cast.client("alice").post(f"/portal/bookings/{held[0].uuid}/reschedule/", {"lab_day": days_ahead[9].pk})
+    cast.client("alice").post(f"/portal/bookings/{held[0].uuid}/reschedule/",
+                              {"lab_day": days_ahead[9].pk, **CONFIRMED})
     held[0].refresh_from_db()
     assert held[0].lab_day == days_ahead[9]
 

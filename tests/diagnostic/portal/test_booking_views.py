@@ -13,6 +13,8 @@ from diagnostic.bookings.models import Booking, LabDay, book_lab_day
 from tests.diagnostic.conftest import Cast
 
 pytestmark = pytest.mark.django_db
+# What the confirmation button of a summary page sends.
+CONFIRMED = {"confirmed": "yes"}
 
 
 def test_the_calendar_shows_available_booked_yours_and_closed(cast: Cast, days_ahead: list[LabDay]) -> None:
@@ -29,7 +31,7 @@ def test_the_calendar_shows_available_booked_yours_and_closed(cast: Cast, days_a
 
 
 def test_booking_a_free_day_leads_to_the_bookings_page(cast: Cast, days_ahead: list[LabDay]) -> None:
-    response = cast.client("alice").post("/portal/book/", {"lab_day": days_ahead[0].pk})
+    response = cast.client("alice").post("/portal/book/", {"lab_day": days_ahead[0].pk, **CONFIRMED})
     booking = Booking.objects.get()
     assert response.status_code == 302
     assert response["Location"] == f"/portal/bookings/{booking.uuid}/"
@@ -38,7 +40,7 @@ def test_booking_a_free_day_leads_to_the_bookings_page(cast: Cast, days_ahead: l
 
 def test_a_day_taken_meanwhile_says_just_taken(cast: Cast, days_ahead: list[LabDay]) -> None:
     book_lab_day(lab_day=days_ahead[0], customer=cast.bob)
-    response = cast.client("alice").post("/portal/book/", {"lab_day": days_ahead[0].pk})
+    response = cast.client("alice").post("/portal/book/", {"lab_day": days_ahead[0].pk, **CONFIRMED})
     assert response.status_code == 409
     assert "was just taken" in response.content.decode()
     assert Booking.objects.count() == 1
@@ -46,7 +48,7 @@ def test_a_day_taken_meanwhile_says_just_taken(cast: Cast, days_ahead: list[LabD
 
 @pytest.mark.parametrize("value", ["", "nope", "999999", "-1"])
 def test_a_bad_day_is_a_page_not_a_crash(cast: Cast, days_ahead: list[LabDay], value: str) -> None:
-    response = cast.client("alice").post("/portal/book/", {"lab_day": value})
+    response = cast.client("alice").post("/portal/book/", {"lab_day": value, **CONFIRMED})
     assert response.status_code == 400
 
 
@@ -54,12 +56,13 @@ def test_days_inside_the_cutoff_are_not_offered_nor_bookable(cast: Cast, lab: An
     tomorrow = LabDay.objects.create(lab=lab, date=timezone.localdate() + dt.timedelta(days=1))
     page = cast.client("alice").get("/portal/book/").content.decode()
     assert f'data-date="{tomorrow.date:%Y-%m-%d}"' not in page
-    assert cast.client("alice").post("/portal/book/", {"lab_day": tomorrow.pk}).status_code == 400
+    answer = cast.client("alice").post("/portal/book/", {"lab_day": tomorrow.pk, **CONFIRMED})
+    assert answer.status_code == 400
 
 
 def test_cancelling_before_the_cutoff_frees_the_day(cast: Cast, days_ahead: list[LabDay]) -> None:
     booking = book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
-    cast.client("alice").post(f"/portal/bookings/{booking.uuid}/cancel/")
+    cast.client("alice").post(f"/portal/bookings/{booking.uuid}/cancel/", CONFIRMED)
     booking.refresh_from_db()
     assert booking.status == Booking.Status.CANCELLED
     assert book_lab_day(lab_day=days_ahead[0], customer=cast.bob).is_active
@@ -70,7 +73,7 @@ def test_changes_after_the_cutoff_are_refused_with_the_reason(
 ) -> None:
     booking = book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
     settings.BOOKING_CHANGE_CUTOFF_H = 24 * 30
-    page = cast.client("alice").post(f"/portal/bookings/{booking.uuid}/cancel/", follow=True)
+    page = cast.client("alice").post(f"/portal/bookings/{booking.uuid}/cancel/", CONFIRMED, follow=True)
     assert "that time has passed" in page.content.decode()
     booking.refresh_from_db()
     assert booking.status != Booking.Status.CANCELLED
@@ -79,7 +82,8 @@ def test_changes_after_the_cutoff_are_refused_with_the_reason(
 def test_moving_a_booking_to_a_free_day(cast: Cast, days_ahead: list[LabDay]) -> None:
     booking = book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
     page = cast.client("alice").post(
-        f"/portal/bookings/{booking.uuid}/reschedule/", {"lab_day": days_ahead[5].pk}, follow=True
+        f"/portal/bookings/{booking.uuid}/reschedule/", {"lab_day": days_ahead[5].pk, **CONFIRMED},
+        follow=True
     )
     booking.refresh_from_db()
     assert booking.lab_day == days_ahead[5]
@@ -90,7 +94,8 @@ def test_moving_onto_a_taken_day_says_just_taken(cast: Cast, days_ahead: list[La
     booking = book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
     book_lab_day(lab_day=days_ahead[5], customer=cast.bob)
     page = cast.client("alice").post(
-        f"/portal/bookings/{booking.uuid}/reschedule/", {"lab_day": days_ahead[5].pk}, follow=True
+        f"/portal/bookings/{booking.uuid}/reschedule/", {"lab_day": days_ahead[5].pk, **CONFIRMED},
+        follow=True
     )
     booking.refresh_from_db()
     assert booking.lab_day == days_ahead[0]
@@ -99,7 +104,7 @@ def test_moving_onto_a_taken_day_says_just_taken(cast: Cast, days_ahead: list[La
 
 def test_another_organisation_cannot_cancel(cast: Cast, days_ahead: list[LabDay]) -> None:
     booking = book_lab_day(lab_day=days_ahead[0], customer=cast.alice)
-    assert cast.client("bob").post(f"/portal/bookings/{booking.uuid}/cancel/").status_code == 404
+    assert cast.client("bob").post(f"/portal/bookings/{booking.uuid}/cancel/", CONFIRMED).status_code == 404
     booking.refresh_from_db()
     assert booking.is_active
 
@@ -109,7 +114,7 @@ def test_forms_need_the_csrf_token(cast: Cast, days_ahead: list[LabDay]) -> None
 
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(cast.alice)
-    assert strict.post("/portal/book/", {"lab_day": days_ahead[0].pk}).status_code == 403
+    assert strict.post("/portal/book/", {"lab_day": days_ahead[0].pk, **CONFIRMED}).status_code == 403
     assert not Booking.objects.exists()
 
 

@@ -18,7 +18,7 @@ from tests.diagnostic.conftest import Cast, logged_in, make_customer
 pytestmark = pytest.mark.django_db
 
 COMMAND = (
-    "VLLM_USE_FLASHINFER_MOE_FP4=1 vllm serve /models/kimi-k2 --served-model-name "
+    "NCCL_DEBUG=WARN vllm serve /models/kimi-k2 --served-model-name "
     "moonshotai/Kimi-K2-Instruct-0905 --tensor-parallel-size 8 --enable-expert-parallel "
     "--max-model-len 262144 --kv-cache-dtype fp8 --gpu-memory-utilization 0.85"
 )
@@ -26,10 +26,11 @@ YAML = """schema: diagnostic.config/1
 model: {id: moonshotai/Kimi-K2-Instruct-0905, path: /models/kimi-k2}
 parallel: {tp: 8, expert_parallel: true}
 serving: {kv_cache_dtype: fp8, gpu_memory_utilization: 0.85}
-env: {VLLM_USE_FLASHINFER_MOE_FP4: "1"}
+env: {NCCL_DEBUG: WARN}
 """
 FORM = {
     "engine__name": "vllm",
+    "engine__version": "0.34.0",
     "model__id": "moonshotai/Kimi-K2-Instruct-0905",
     "model__path": "/models/kimi-k2",
     "model__quantization": "nvfp4",
@@ -39,7 +40,7 @@ FORM = {
     "serving__max_model_len": "262144",
     "serving__kv_cache_dtype": "fp8",
     "serving__gpu_memory_utilization": "0.85",
-    "env": "VLLM_USE_FLASHINFER_MOE_FP4=1",
+    "env": "NCCL_DEBUG=WARN",
 }
 
 
@@ -99,7 +100,7 @@ def test_a_form_error_sits_at_its_field_and_keeps_the_other_inputs(cast: Cast, b
 def test_a_yaml_upload_over_64_kib_or_not_utf8_is_refused(cast: Cast, booking: Booking) -> None:
     big = SimpleUploadedFile("c.yaml", b"#" * (64 * 1024 + 1))
     response = post(cast, booking, {"source": "yaml", "yaml_file": big, "action": "preview"})
-    assert response.status_code == 400 and "the limit is 65536" in response.content.decode()
+    assert response.status_code == 400 and "the limit is 64 KiB (65,536 bytes)" in response.content.decode()
     latin = SimpleUploadedFile("c.yaml", "engine: {name: vllm}  # café".encode("latin-1"))
     response = post(cast, booking, {"source": "yaml", "yaml_file": latin, "action": "preview"})
     assert response.status_code == 400 and "not UTF-8" in response.content.decode()

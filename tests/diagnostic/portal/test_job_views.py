@@ -66,7 +66,9 @@ def test_the_stage_that_stopped_the_job_is_named_with_its_reason(cast: Cast, ali
     stage.status, stage.status_message = "failed", "the engine crashed while loading weights"
     stage.save()
     page = cast.client("alice").get(f"/portal/jobs/{alices.job.pk}/").content.decode()
-    assert "Stopped at <strong>reproduce</strong>: the engine crashed while loading weights" in page
+    stopped = ("Stopped at <strong>Reproducing your configuration</strong>: "
+               "the engine crashed while loading weights")
+    assert stopped in page
     Finding.objects.create(
         job=alices.job,
         stage=stage,

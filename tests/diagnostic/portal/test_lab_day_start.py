@@ -129,7 +129,7 @@ def test_a_booking_for_today_starts_at_confirmation(
     (today,) = days(lab, 0)
     calendar = cast.client("alice").get("/portal/book/").content.decode()
     assert f'data-date="{today.date:%Y-%m-%d}"' in calendar
-    response = cast.client("alice").post("/portal/book/", {"lab_day": today.pk})
+    response = cast.client("alice").post("/portal/book/", {"lab_day": today.pk, "confirmed": "yes"})
     assert response.status_code == 302
     booking = Booking.objects.get(lab_day=today)
     job = confirm(cast, booking)
@@ -144,7 +144,7 @@ def test_a_booking_for_today_starts_at_confirmation(
 def test_today_is_offered_only_with_same_day_booking(cast: Cast, lab: Any, settings: Any) -> None:
     (today,) = days(lab, 0)
     settings.BOOKING_SAME_DAY = False
-    response = cast.client("alice").post("/portal/book/", {"lab_day": today.pk})
+    response = cast.client("alice").post("/portal/book/", {"lab_day": today.pk, "confirmed": "yes"})
     assert response.status_code == 400
     assert not Booking.objects.exists()
 

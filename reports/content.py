@@ -8,6 +8,11 @@ The model is plain dataclasses holding finished text (every figure already forma
 from what is present: a section whose findings key is missing or null is stated as not
 run, never filled in.
 
+Every quantity printed in more than one place (the day's cold start and its change, each
+rate and its change) is read from one recorded value (`reports.quantities`) and printed by
+`reports.figures`; the summary also lists the exact changes (`setting: yours → ours`), from
+the same rows as appendix B, and points to where the remaining step time goes.
+
 The summary's "with our changes" is the tuned configuration as the measure stage measured
 it (`measurement.tuned`, the change `measurement.difference`), each rate beside its share
 of the hardware's bound; without it, the speculative search's own runs, said to be so
@@ -31,10 +36,12 @@ from typing import Any
 from reports import figures as fig
 from reports.findings import ORDER_NOTE, build_finding, by_impact, impact_sources
 from reports.moneyback import MoneyBackDecision, impacts_of
+from reports.quantities import day_cold_start
 from reports.sections.appendices import (
     lab_time_appendix,
     methodology_appendix,
     raw_runs_appendix,
+    summary_change_rows,
     tuned_configuration_appendix,
 )
 from reports.sections.cold_start import cold_start_section
@@ -48,6 +55,7 @@ from reports.sections.configurations import (
     tuned_setting,
 )
 from reports.sections.fp4 import fp4_section
+from reports.sections.gap import gap_section, rest_section, summary_changes
 from reports.sections.speculative import speculative_section
 from reports.sections.throughput import throughput_section
 from reports.structure import (
@@ -277,19 +285,17 @@ def summary_rows(findings: Mapping[str, Any]) -> list[SummaryRow]:
                 change_third=change_third,
             )
         )
-    cold = findings.get("cold_start")
-    if present(cold):
-        b, a = as_number(cold.get("before_s")), as_number(cold.get("after_s"))
-        change = fig.signed(a - b, fig.seconds) if a is not None and b is not None else ""
-        change_sub = change_third = ""
+    cold = day_cold_start(findings)
+    if cold is not None:
+        b, a = cold.before_s, cold.after_s
+        change = fig.signed(cold.change_s, fig.seconds) if cold.change_s is not None else ""
         # The measure stage's Welch test of the tuned configuration's true cold starts
         # against the customer's, when both were started more than once.
-        difference = cold.get("difference")
-        if isinstance(difference, Mapping) and as_number(difference.get("diff")) is not None:
-            change = fig.signed(float(difference["diff"]), fig.seconds)
-            ci = as_interval(difference.get("ci95"))
-            change_sub = fig.signed_interval(ci, fig.seconds_bare) + " s" if ci else ""
-            change_third = "within noise (Welch, 5 %)" if difference.get("different") is False else ""
+        ci = cold.change_ci95
+        change_sub = fig.signed_interval(ci, fig.seconds_bare) + " s" if ci else ""
+        change_third = "within noise (Welch, 5 %)" if cold.different is False else ""
+        if cold.change_s is not None and not cold.change_ci95:
+            change_third = "one start of yours: each cause's interval is in its finding"
         rows.append(
             SummaryRow(
                 "Cold start",
@@ -354,6 +360,39 @@ def summary_notes(findings: Mapping[str, Any]) -> list[str]:
     return notes
 
 
+def stage_lab_seconds(job: Mapping[str, Any], name: str) -> float | None:
+    """A stage's lab seconds as the job recorded them (`job.stages[].lab_seconds`)."""
+    for stage in job.get("stages") or []:
+        if isinstance(stage, Mapping) and stage.get("name") == name:
+            return as_number(stage.get("lab_seconds"))
+    return None
+
+
+def rest_notes(findings: Mapping[str, Any], number: str) -> list[str]:
+    """One sentence under the summary table on the distance left, pointing to where the
+    measured step is split (the figures are the measure stage's, printed as in that section)."""
+    explain = (findings.get("measurement") or {}).get("explain")
+    if not number or not isinstance(explain, Mapping):
+        return []
+    said = []
+    for workload in workloads_in({k: {"mean_tps": 0} for k, v in explain.items()
+                                  if isinstance(v, Mapping) and "parts" in v}):
+        entry = explain[workload]
+        bound = entry.get("to_bound") or {}
+        baseline = entry.get("to_baseline") or {}
+        if as_number(bound.get("share")) is None:
+            continue
+        text = f"{workload} {fig.percent(float(bound['share']))} of the hardware's bound"
+        if as_number(baseline.get("share")) is not None:
+            text += f" and {fig.percent(float(baseline['share']))} of the lab's baseline"
+        said.append(text)
+    if not said:
+        return []
+    whose = "With our changes" if explain.get("configuration") == "tuned" else "As it stands"
+    return [f"{whose}, the decode rate reaches " + "; ".join(said)
+            + f". Section {number} splits each measured step into its parts, to show where the rest goes."]
+
+
 def headline(findings: Mapping[str, Any], lab: str, money: MoneyBackDecision) -> list[str]:
     """The opening paragraphs of the summary, built only from what was measured."""
     found = [f for f in findings.get("findings") or [] if isinstance(f, Mapping)]
@@ -397,15 +436,9 @@ def headline(findings: Mapping[str, Any], lab: str, money: MoneyBackDecision) ->
                 f"single-stream decode on {workload} goes from {fig.tps(b)} to {fig.tps(a)} tok/s"
                 + (" (a difference within noise)" if noise else "")
             )
-    cold = findings.get("cold_start")
-    if (
-        present(cold)
-        and as_number(cold.get("before_s")) is not None
-        and as_number(cold.get("after_s")) is not None
-    ):
-        gains.append(
-            f"a cold start falls from {fig.minutes(cold['before_s'])} to {fig.minutes(cold['after_s'])}"
-        )
+    cold = day_cold_start(findings)
+    if cold is not None and cold.before_s is not None and cold.after_s is not None:
+        gains.append(f"a cold start falls from {fig.minutes(cold.before_s)} to {fig.minutes(cold.after_s)}")
     fp4 = findings.get("fp4")
     if present(fp4) and fp4.get("verdict") in ("garbage", "degraded"):
         rates = fp4.get("canary_pass_rate") or {}
@@ -500,7 +533,14 @@ def build_report(
         speculative_section(findings.get("speculative"), config, figures, "3.3"),
         throughput_section(findings, figures, "3.4"),
     ]
+    # The gap stage's section and the split of the step appear when their stages wrote them;
+    # a day from before them keeps its four sections as they were.
+    if "gap" in findings:
+        stages.append(gap_section(findings.get("gap"), f"3.{len(stages) + 1}", stage_lab_seconds(job, "gap")))
+    if present((findings.get("measurement") or {}).get("explain")):
+        stages.append(rest_section(findings, f"3.{len(stages) + 1}"))
     stage_titles = {s.anchor: (s.anchor, f"{s.number} {s.title}") for s in stages if s.ran}
+    rest_number = next((s.number for s in stages if s.anchor == "rest" and s.ran), "")
     found = by_impact([f for f in findings.get("findings") or [] if isinstance(f, Mapping)])
     described = cause_descriptions(findings.get("measurement"))
     fp4 = findings.get("fp4")
@@ -558,7 +598,10 @@ def build_report(
         ),
         headline=headline(findings, lab, money_back),
         summary=summary_rows(findings),
-        summary_notes=summary_notes(findings),
+        summary_notes=summary_notes(findings) + rest_notes(findings, rest_number),
+        changes=summary_changes(
+            summary_change_rows(findings, {code: ", ".join(n) for code, n in numbers.items()})
+        ),
         findings_order=ORDER_NOTE if len(finding_sections) > 1 else "",
         money_back=money_back_view(money_back, tz),
         findings=finding_sections,

@@ -26,6 +26,8 @@ from django.template import Context
 from reports import content
 from reports.findings import by_impact
 from reports.report import RenderedReport, render, template_engine, write_atomically
+from reports.sections.appendices import summary_change_rows
+from reports.sections.gap import summary_changes
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,14 @@ class ReportEmailError(RuntimeError):
 def _context(findings: Mapping[str, Any], report: RenderedReport, customer: str) -> dict[str, Any]:
     job = findings.get("job") or {}
     lab, lab_note = content.lab_description(job)
+    ordered = by_impact([f for f in findings.get("findings") or [] if isinstance(f, Mapping)])
+    numbers: dict[str, list[str]] = {}
+    for i, f in enumerate(ordered, start=1):
+        numbers.setdefault(str(f.get("code") or "unclassified"), []).append(f"2.{i}")
+    # The same list as the summary page, from the same rows.
+    changes = summary_changes(summary_change_rows(findings, {c: ", ".join(n) for c, n in numbers.items()}))
     return {
+        "changes": changes,
         "customer": customer,
         "job_id": job.get("id", ""),
         "version": report.version,

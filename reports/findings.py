@@ -194,6 +194,9 @@ NCCL_NOTE = (
 
 METRIC_LABELS = {
     "cold_start_s": "Cold start",
+    "weights_load_s": "Weights-load phase",
+    "kernel_jit_s": "Kernel-compile phase",
+    "distributed_init_s": "Rendezvous (distributed init) phase",
     "canary_pass_rate": "Canary prompts answered correctly",
     "decode_tps": "Decode rate",
     "ttft_s": "Time to first token",
@@ -325,10 +328,18 @@ def build_impact(code: str, impact: Mapping[str, Any]) -> Impact:
         after=fmt(after) if after is not None else "not measured",
         change=fig.signed(after - before, change_fmt) if before is not None and after is not None else "",
         interval=fig.signed_interval(ci, change_fmt) if ci else "no interval",
-        n=f"n = {n}" if n else "",
+        n=_n_text(impact, n),
         demonstrated=judged.demonstrated,
         verdict=verdict,
     )
+
+
+def _n_text(impact: Mapping[str, Any], n: Any) -> str:
+    """`n = 2 and 4` when the two sides have their own counts (cold starts), else `n = 15`."""
+    before, after = impact.get("n_before"), impact.get("n_after")
+    if isinstance(before, int) and isinstance(after, int) and before != after:
+        return f"n = {before} and {after}"
+    return f"n = {n}" if n else ""
 
 
 def server_claims_table(evidence: Mapping[str, Any]) -> Block | None:
@@ -535,7 +546,20 @@ def impact_sources(findings: Mapping[str, Any]) -> dict[str, str]:
     cold = findings.get("cold_start")
     waterfall = cold.get("waterfall") if isinstance(cold, Mapping) else None
     added, proving = waterfall_proofs(waterfall or [])
-    if proving:
+    phased = [
+        i
+        for f in findings.get("findings") or []
+        if isinstance(f, Mapping) and str(f.get("code", "")).startswith("load.")
+        for i in impacts_of(f)
+        if i.get("phase")
+    ]
+    if phased:
+        sources["load."] = (
+            "Measured on the phase this change acts on, over every true cold start of the day: the starts "
+            "without the change against those with it, each side's number of starts beside the metric "
+            "(section 3.1 lists every start with its phases)."
+        )
+    elif proving:
         runs = {str(w.get("n")) for w in proving}
         once = runs == {"1"}
         sources["load."] = (

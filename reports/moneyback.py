@@ -92,9 +92,18 @@ class MoneyBackDecision:
         if held:
             return " ".join(c.detail for c in held)
         shown = [i for i in self.improvements if i.demonstrated]
+        # The deadline clause says what it could check; the reason repeats it, never more.
+        late = next((c for c in self.conditions if c.key == "late_report"), None)
+        timing = (
+            " and reported on time"
+            if late is not None and late.holds is False
+            else "; whether it is reported on time could not be checked: the lab day is not recorded"
+            if late is not None and late.holds is None
+            else ""
+        )
         return (
             f"{len(shown)} measured improvement{'s' if len(shown) != 1 else ''} with a 95 % interval "
-            "excluding zero, reproduced on our lab and reported on time."
+            f"excluding zero, reproduced on our lab{timing}."
         )
 
     def as_findings(self) -> dict[str, Any]:

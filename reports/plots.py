@@ -151,15 +151,19 @@ class WaterfallStep:
 
     label: str
     seconds: float
-    mode: str  # baseline | alone | cumulative | all
+    mode: str  # baseline | alone | cumulative | all | tuned
     ci95: Sequence[float] | None
-    remaining: Sequence[str]
+    remaining: Sequence[str] | None  # None: the start's signatures were not read
+    # The bar's figures as the report's table prints them (reports.figures), so the chart
+    # and the table give one value for each start and each change.
+    value_text: str = ""
+    delta_text: str = ""
 
 
 def cold_start_waterfall(steps: Sequence[WaterfallStep], *, scope: str) -> str:
     """Horizontal bars, one per proving run, in minutes, each labelled with its seconds, its
     change against the first (the customer's start) and the signatures it still showed."""
-    colours = {"baseline": BEFORE, "alone": "#7fa6c4", "cumulative": "#7fa6c4", "all": AFTER}
+    colours = {"baseline": BEFORE, "alone": "#7fa6c4", "cumulative": "#7fa6c4", "all": AFTER, "tuned": AFTER}
     with matplotlib.rc_context(_RC):
         fig = _figure(0.55 + 0.34 * len(steps), left=1.75, right=2.6, top=0.1, bottom=0.45)
         ax = fig.subplots()
@@ -179,11 +183,14 @@ def cold_start_waterfall(steps: Sequence[WaterfallStep], *, scope: str) -> str:
                     capsize=2,
                     linewidth=0.8,
                 )
-            text = f"{step.seconds:.0f} s"
+            text = step.value_text or f"{step.seconds:.0f} s"
             if row:
                 delta = step.seconds - first
-                text += f"  ({'+' if delta > 0 else chr(0x2212)}{abs(delta):.0f} s)"
+                sign = "+" if delta > 0 else chr(0x2212)
+                text += "  (" + (step.delta_text or f"{sign}{abs(delta):.0f} s") + ")"
             ax.text(step.seconds / 60 + longest * 0.015, row, text, va="center", fontsize=7, color=INK)
+            if step.remaining is None:
+                continue
             seen = ", ".join(r.removeprefix("load.").replace("_", " ") for r in step.remaining) or "none"
             ax.annotate(
                 f"still seen: {seen}",
@@ -243,8 +250,13 @@ def decode_runs(panels: Mapping[str, Sequence[RunSeries]], *, scope: str) -> str
         return _svg_text(fig, scope)
 
 
-def cold_start_timeline(phases: Sequence[Mapping[str, Any]], *, scope: str) -> str:
-    """Per-node cold-start phases, one panel per run (before, after), on one time axis."""
+def cold_start_timeline(
+    phases: Sequence[Mapping[str, Any]], *, scope: str, titles: Mapping[str, str] | None = None
+) -> str:
+    """Per-node cold-start phases, one panel per run (before, after), on one time axis.
+
+    `titles`: each panel's title by run, as the report words and prints that start's
+    recorded figure; a run without one is titled by the end of its last phase."""
     runs = sorted({str(p.get("run", "cold start")) for p in phases}, key=lambda r: (r != "before", r))
     nodes = sorted({str(p["node"]) for p in phases})
     end = max(float(p["end_s"]) for p in phases)
@@ -269,7 +281,8 @@ def cold_start_timeline(phases: Sequence[Mapping[str, Any]], *, scope: str) -> s
             ax.set_yticks(range(len(nodes)), nodes)
             ax.set_ylim(len(nodes) - 0.5, -0.5)
             ax.tick_params(axis="y", length=0)
-            ax.set_title(f"{run}: API ready after {run_end:.1f} min", loc="left", color=INK)
+            title = (titles or {}).get(run) or f"{run}: API ready after {run_end:.1f} min"
+            ax.set_title(title, loc="left", color=INK)
         axes[-1].set_xlabel("minutes since launch (lab time)")
         axes[-1].set_xlim(0, end / 60 * 1.02)
         seen = [name for name in PHASE_COLOURS if any(p["phase"] == name for p in phases)]

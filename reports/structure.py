@@ -177,6 +177,8 @@ class ReportContent:
     notices: list[str] = field(default_factory=list)
     summary_notes: list[str] = field(default_factory=list)
     findings_order: str = ""
+    # The exact changes, `setting: yours → ours (finding 2.n)`, beside the summary table.
+    changes: list[str] = field(default_factory=list)
 
     @property
     def any_change(self) -> bool:

@@ -1,5 +1,6 @@
 """The report's measured sections (3.x) and its appendices, one module per part of
-findings.json: `cold_start`, `fp4`, `speculative`, `throughput` and `appendices`, with
+findings.json: `cold_start`, `fp4`, `speculative`, `throughput`, `gap` (the gap stage's
+section and the split of the tuned step, "where the rest goes") and `appendices`, with
 `configurations` holding what the measured sections share.
 
 Each module turns its own part into a StageSection; a part that is missing or null

@@ -263,6 +263,31 @@ def _setting_value(value: Any) -> str:
     return str(value)
 
 
+def change_rows(tuned: Mapping[str, Any], finding_numbers: Mapping[str, str]) -> list[list[str]]:
+    """[setting, yours, ours, finding] for every setting the tuned configuration changes:
+    the one list the summary and this appendix both print."""
+    rows = []
+    for change in tuned.get("changes") or []:
+        if not isinstance(change, Mapping):
+            continue
+        code = str(change.get("finding") or "")
+        for path, before, after in _flat_changes(
+            str(change.get("path", "")), change.get("from"), change.get("to")
+        ):
+            rows.append(
+                [path, _setting_value(before), _setting_value(after), finding_numbers.get(code, code)]
+            )
+    return rows
+
+
+def summary_change_rows(findings: Mapping[str, Any], finding_numbers: Mapping[str, str]) -> list[list[str]]:
+    """The changes as the summary lists them, secrets masked as in the appendix."""
+    tuned = findings.get("tuned")
+    if not isinstance(tuned, Mapping) or not tuned:
+        return []
+    return change_rows(_without_secrets(tuned, findings.get("config")), finding_numbers)
+
+
 def tuned_configuration_appendix(
     findings: Mapping[str, Any], number: str, finding_numbers: Mapping[str, str]
 ) -> StageSection | None:
@@ -280,17 +305,7 @@ def tuned_configuration_appendix(
             "measures it against yours with the same protocol.",
         )
     ]
-    rows = []
-    for change in tuned.get("changes") or []:
-        if not isinstance(change, Mapping):
-            continue
-        code = str(change.get("finding") or "")
-        for path, before, after in _flat_changes(
-            str(change.get("path", "")), change.get("from"), change.get("to")
-        ):
-            rows.append(
-                [path, _setting_value(before), _setting_value(after), finding_numbers.get(code, code)]
-            )
+    rows = change_rows(tuned, finding_numbers)
     if rows:
         blocks.append(
             Block(

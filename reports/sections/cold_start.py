@@ -19,6 +19,7 @@ from typing import Any
 
 from reports import figures as fig
 from reports import plots
+from reports.quantities import DayColdStart, day_cold_start
 from reports.structure import (
     NOT_RUN,
     Block,
@@ -44,32 +45,36 @@ def cold_start_section(cold: Any, figures: FigureCounter, number: str) -> StageS
     if not present(cold):
         return StageSection("cold-start", number, title, False, [Block("paragraph", NOT_RUN)])
     blocks: list[Block] = []
-    b, a = as_number(cold.get("before_s")), as_number(cold.get("after_s"))
-    if b is not None:
+    day = day_cold_start(cold_findings(cold))
+    b, a = (day.before_s, day.after_s) if day is not None else (None, None)
+    if b is not None and day is not None:
         text = (
             "A true cold start of your configuration (engine stopped on every node, page cache dropped) "
             f"took {fig.seconds(b)}"
         )
-        ci = as_interval(cold.get("before_ci95"))
-        text += f" (95 % interval {fig.interval(ci, fig.seconds)})" if ci else ""
+        text += f" (95 % interval {fig.interval(day.before_ci95, fig.seconds)})" if day.before_ci95 else ""
         if a is not None:
             text += f"; with the changes in this report it took {fig.seconds(a)}"
-            ci = as_interval(cold.get("after_ci95"))
-            text += f" (95 % interval {fig.interval(ci, fig.seconds)})" if ci else ""
+            text += f" (95 % interval {fig.interval(day.after_ci95, fig.seconds)})" if day.after_ci95 else ""
+            if day.n_after and day.n_after > 1:
+                text += f", the mean of {day.n_after} true cold starts"
         causes = cold.get("root_causes") or []
         if causes:
             text += f". Root causes: {', '.join(str(c) for c in causes)}"
         blocks.append(Block("paragraph", text + "."))
     waterfall = [w for w in cold.get("waterfall") or [] if isinstance(w, Mapping)]
     if waterfall:
-        blocks.extend(waterfall_blocks(cold, waterfall, figures))
+        blocks.extend(waterfall_blocks(cold, with_tuned(waterfall, day), figures))
+    blocks.extend(starts_blocks(cold))
     phases = [p for p in cold.get("phases") or [] if isinstance(p, Mapping)]
     if phases:
         plot = figures.plot(
             plots.cold_start_timeline,
-            "Cold-start timeline per node, before and after the changes. Each bar is one phase as the engine "
-            "log marks it; every node waits for the slowest at distributed init.",
+            "Cold-start timeline per node: your configuration's true cold start and the waterfall's last "
+            "proved step. Each bar is one phase as the engine log marks it, counted from the first rank's "
+            "first log line; every node waits for the slowest at distributed init.",
             phases=phases,
+            titles=timeline_titles(waterfall),
         )
         if plot:
             blocks.append(plot)
@@ -119,6 +124,114 @@ def cold_start_section(cold: Any, figures: FigureCounter, number: str) -> StageS
     return StageSection("cold-start", number, title, True, blocks)
 
 
+TUNED_STEP = "with every change in this report"
+
+
+def timeline_titles(waterfall: list[Mapping[str, Any]]) -> dict[str, str]:
+    """The timeline panels' titles with the starts' recorded seconds (the table's figures):
+    `before` is the customer's start, `after` the waterfall's last proved step."""
+    titles = {}
+    first = next((w for w in waterfall if w.get("mode") == "baseline"), None)
+    if first is not None and as_number(first.get("cold_start_s")) is not None:
+        titles["before"] = f"your configuration: true cold start {fig.seconds(float(first['cold_start_s']))}"
+    proved = [w for w in waterfall if w.get("mode") != "baseline" and w.get("proved") is not False]
+    if proved and as_number(proved[-1].get("cold_start_s")) is not None:
+        titles["after"] = (
+            f"{proved[-1].get('step')}, with the changes before it: true cold start "
+            f"{fig.seconds(float(proved[-1]['cold_start_s']))}"
+        )
+    return titles
+
+
+def cold_findings(cold: Mapping[str, Any]) -> dict[str, Any]:
+    """The section as the findings document holds it, for the one reader of the day's figures."""
+    return {"cold_start": cold}
+
+
+def with_tuned(waterfall: list[Mapping[str, Any]], day: DayColdStart | None) -> list[Mapping[str, Any]]:
+    """The waterfall with the day's after as its last bar, when the measure stage measured
+    the tuned configuration's own true cold starts: the bar, the table and the summary then
+    print one value for "with the changes in this report", the one the summary gives."""
+    if day is None or not day.after_from_measure or day.after_s is None:
+        return waterfall
+    row: dict[str, Any] = {
+        "step": TUNED_STEP,
+        "mode": "tuned",
+        "fixes": None,
+        "changes": [],
+        "n": day.n_after or "",
+        "cold_start_s": day.after_s,
+        "signatures": [],
+        "delta_s": day.change_s,
+    }
+    if day.after_ci95:
+        row["ci95"] = list(day.after_ci95)
+    if day.change_ci95:
+        row["delta_ci95"] = list(day.change_ci95)
+    return [*waterfall, row]
+
+
+START_NAMES = {"before": "your configuration"}
+PHASE_COLUMNS = (
+    ("distributed_init_s", "Distributed init"),
+    ("weights_load_s", "Weights load"),
+    ("kernel_jit_s", "Kernel JIT"),
+)
+
+
+def starts_blocks(cold: Mapping[str, Any]) -> list[Block]:
+    """Every true cold start the triage took, with the seconds of the phase each change acts
+    on: the raw samples behind each cold-start finding's interval."""
+    starts = [s for s in cold.get("starts") or [] if isinstance(s, Mapping)]
+    if not starts:
+        return []
+    rows = []
+    for start in starts:
+        phases = start.get("phases_s") or {}
+        seconds = as_number(start.get("cold_start_s"))
+        rows.append(
+            [
+                START_NAMES.get(str(start.get("start", "")), str(start.get("start", "")))
+                + (" (added for the proof)" if start.get("extra") else ""),
+                fig.seconds_bare(seconds) if seconds is not None else "",
+                *(
+                    fig.seconds_bare(float(phases[key]))
+                    if as_number(phases.get(key)) is not None
+                    else "not marked"
+                    for key, _ in PHASE_COLUMNS
+                ),
+            ]
+        )
+    return [
+        Block(
+            "table",
+            caption="Every true cold start of the triage, with the seconds of the phase each change acts on "
+            "(its slowest node): each cold-start finding compares its phase on the starts without its change "
+            "against those with it.",
+            columns=["True cold start", "Cold start (s)", *(f"{label} (s)" for _, label in PHASE_COLUMNS)],
+            numeric=[False, True, True, True, True],
+            rows=rows,
+            wrap=True,
+        )
+    ]
+
+
+def _delta(step: Mapping[str, Any], baseline: float | None) -> float | None:
+    """A step's change against the customer's start: as recorded, else its value less the
+    customer's (one rule for the table and the chart)."""
+    if step.get("mode") == "baseline":
+        return None
+    delta = as_number(step.get("delta_s"))
+    value = as_number(step.get("cold_start_s"))
+    if delta is None and value is not None and baseline is not None:
+        delta = value - baseline
+    return delta
+
+
+def _signed_seconds(value: float | None) -> str:
+    return fig.signed(value, fig.seconds) if value is not None else ""
+
+
 def _change_text(changes: Any) -> str:
     parts = []
     for change in changes or []:
@@ -150,7 +263,9 @@ def waterfall_blocks(
             seconds=float(step["cold_start_s"]),
             mode=str(step.get("mode") or ""),
             ci95=as_interval(step.get("ci95")),
-            remaining=[str(c) for c in step.get("signatures") or []],
+            remaining=None if step.get("mode") == "tuned" else [str(c) for c in step.get("signatures") or []],
+            value_text=fig.seconds(float(step["cold_start_s"])),
+            delta_text=_signed_seconds(_delta(step, baseline)),
         )
         for step in waterfall
         if as_number(step.get("cold_start_s")) is not None
@@ -161,6 +276,8 @@ def waterfall_blocks(
             (
                 "True cold start of your configuration, then with each fix added to the ones before it; "
                 "the last bar has every change together"
+                + ("; the bar after it is the tuned configuration, every change in this report"
+                   if any(w.get("mode") == "tuned" for w in waterfall) else "")
                 if cumulative
                 else "True cold start of your configuration, of each fix applied alone, and of all of them "
                 "together"
@@ -176,12 +293,12 @@ def waterfall_blocks(
     shown_first = {str(c) for c in first.get("signatures") or []}
     for step in waterfall:
         value = as_number(step.get("cold_start_s"))
-        delta = as_number(step.get("delta_s"))
-        if delta is None and value is not None and baseline is not None and step.get("mode") != "baseline":
-            delta = value - baseline
+        delta = _delta(step, baseline)
         delta_ci = as_interval(step.get("delta_ci95"))
         seen = {str(c) for c in step.get("signatures") or []}
-        if step.get("mode") == "all" and cumulative and step.get("changes"):
+        if step.get("mode") == "tuned":
+            change = "the tuned configuration: every change of this report, its own true cold starts"
+        elif step.get("mode") == "all" and cumulative and step.get("changes"):
             change = _change_text(step.get("changes")) + ", with every change above: all of them together"
         elif step.get("mode") == "all":
             change = "every change above, together"
@@ -203,7 +320,10 @@ def waterfall_blocks(
             + (f"\n{fig.signed_interval(delta_ci, fig.seconds_bare)}" if delta_ci else "")
         )
         # "Gone" only for a signature your own start showed; one it never showed is "not seen".
-        row += ["seen" if c in seen else "gone" if c in shown_first else "not seen" for c in causes]
+        if step.get("mode") == "tuned":
+            row += ["" for _ in causes]  # the measure stage times the start; the triage reads signatures
+        else:
+            row += ["seen" if c in seen else "gone" if c in shown_first else "not seen" for c in causes]
         rows.append(row)
     columns = [
         "Step",

@@ -27,7 +27,7 @@ from reports.content import ReportContent, build_report
 from reports.moneyback import assess
 from reports.report import RenderedReport, render
 from tests.conftest import service_missing
-from tests.reports.reference_story import reference_findings
+from tests.reports.reference_story import reference_findings, reference_findings_28
 
 if "reports" not in settings.INSTALLED_APPS:
     settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "reports"]
@@ -74,6 +74,17 @@ class ReferenceReport:
 def reference_report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceReport]:
     document = reference_findings()
     out = tmp_path_factory.mktemp("reference-report")
+    report = render(document, out, customer=CUSTOMER, as_of=ISSUED)
+    yield ReferenceReport(
+        document, report, pdf_text(report.pdf_path), squash(pdf_text(report.pdf_path, layout=False))
+    )
+
+
+@pytest.fixture(scope="session")
+def reference_report_28(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceReport]:
+    """The issue-28 reference day rendered once, as `make demo` renders it."""
+    document = reference_findings_28()
+    out = tmp_path_factory.mktemp("reference-report-28")
     report = render(document, out, customer=CUSTOMER, as_of=ISSUED)
     yield ReferenceReport(
         document, report, pdf_text(report.pdf_path), squash(pdf_text(report.pdf_path, layout=False))

@@ -24,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 REFERENCE_DAY = Path(__file__).with_name("reference_day.json")
+# The reference day as `manage.py diagnose` wrote it after issue 28 (vLLM 0.34, dilation 45,
+# with the gap stage, the cold-start proof on each change's phase and the split of the
+# step), unedited and without a lab day, as `make demo` has it.
+REFERENCE_DAY_28 = Path(__file__).with_name("reference_day_28.json")
 LAB_DAY = "2025-12-01"  # a Monday: a report issued that afternoon is on time
 WORKLOADS = ("code", "prose")
 
@@ -38,3 +42,13 @@ def reference_findings() -> dict[str, Any]:
     document = copy.deepcopy(_stored())
     document["job"]["lab_day"] = LAB_DAY
     return document
+
+
+@cache
+def _stored_28() -> dict[str, Any]:
+    return dict(json.loads(REFERENCE_DAY_28.read_text()))
+
+
+def reference_findings_28() -> dict[str, Any]:
+    """The issue-28 reference day's findings document (a fresh deep copy on each call)."""
+    return copy.deepcopy(_stored_28())

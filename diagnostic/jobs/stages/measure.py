@@ -28,10 +28,11 @@ from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import register_stage
 from diagnostic.jobs.stages.serving import ensure_serving
 from diagnostic.pipelines.changes import apply_changes
+from diagnostic.pipelines.explain import distance, explain_step
 from diagnostic.pipelines.fp4.backends import PIN_ENV
 from diagnostic.pipelines.measure.protocol import measure_on_session
-from diagnostic.pipelines.roofline import fraction_of_bound, roofline
-from diagnostic.pipelines.stats import compare, welch
+from diagnostic.pipelines.roofline import fraction_of_bound, roofline, served_profile
+from diagnostic.pipelines.stats import compare, t_interval, welch
 from lab.catalog import Catalog
 from lab.engines import launch_view, parse_log
 
@@ -117,6 +118,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
             "_merge": True,
             "after_s": round(sum(after_samples) / len(after_samples), 3),
             "after_samples_s": after_samples,
+            # The interval of the same samples, so that the day's after and its interval are
+            # one measurement wherever the report prints them (the triage's was of its own step).
+            "after_ci95": _rounded_interval(after_samples),
             "after_source": after_source,
             **({"after_first_boot_s": first_boot} if first_boot is not None else {}),
         }
@@ -138,6 +142,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
             ctx.log(f"{w}: {diff['before']:.2f} -> {diff['after']:.2f} tok/s, difference "
                     f"{diff['diff']:+.2f} [{lo:+.2f}, {hi:+.2f}], p = {diff['p']:.3g}")
     section["roofline"] = bounds
+    explained_config, explained_side = (tuned, TUNED) if changed else (customer, CUSTOMER)
+    explained_rates = section["tuned"] if changed else section
+    section["explain"] = explain_rest(ctx, explained_config, explained_side, explained_rates,
+                                      bounds[explained_side], facts, workloads)
     sections["measurement"] = section
     ctx.progress(100, "measured" + (" before and after" if changed else ""))
     return {"sections": sections, "tuned_measured": changed}
@@ -146,6 +154,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
 # What may differ between two configurations whose cold starts count as samples of one:
 # the FP4 backend's fields and pins, and the draft length of the same speculative method.
 FP4_FIELDS = ("moe_backend", "linear_backend")
+
+
+def _rounded_interval(samples: list[float]) -> list[float] | None:
+    """Student-t 95 % interval of the samples' mean to 0.1 s, None below two samples."""
+    ci = t_interval(samples)
+    return [round(ci[0], 1), round(ci[1], 1)] if ci else None
 
 
 def start_view(config: dict[str, Any]) -> dict[str, Any]:
@@ -293,6 +307,60 @@ def _roofline(
                          mean_acceptance_length=mean_acceptance_length(config, summary))
         bound["fraction"] = fraction_of_bound(summary.get("mean_tps"), bound)
         out[w] = bound
+    return out
+
+
+def _no_spec_rates(ctx: StageContext) -> tuple[dict[str, float], str]:
+    """The speculative search's measured rates without speculation, per workload, when they
+    are rates of the configuration measured here but for its speculation: no stage after
+    the search changed anything a step feels ({} and why not otherwise)."""
+    specdec = ctx.earlier_result("specdec") or {}
+    none = ((specdec.get("sections") or {}).get("speculative") or {}).get("none") or {}
+    gap_changes = (ctx.earlier_result("gap") or {}).get("config_changes") or []
+    if gap_changes:
+        return {}, "the gap stage changed the configuration after the speculative search measured it"
+    rates = {str(w): float(b["mean_tps"]) for w, b in none.items()
+             if isinstance(b, dict) and b.get("mean_tps") is not None}
+    runs = {str(w): b.get("n") for w, b in none.items()
+            if isinstance(b, dict) and b.get("mean_tps") is not None}
+    return rates, ("the speculative search's runs without speculation (" +
+                   ", ".join(f"{w} n = {n}" for w, n in runs.items()) + ")" if rates else
+                   "the speculative search measured no rate without speculation")
+
+
+def explain_rest(ctx: StageContext, config: dict[str, Any], side: str, rates: dict[str, Any],
+                 bounds: dict[str, Any], facts: dict[str, Any], workloads: tuple[str, ...]) -> dict[str, Any]:
+    """Where the rest goes, per workload (diagnostic.pipelines.explain): the measured step
+    split into its parts, beside the distance to the roofline bound and to the lab's
+    baseline (the gap stage's section, when it ran). Only this day's measurements, the
+    lab's facts and its catalogs go in."""
+    profile, why = served_profile(config, ctx.catalog)
+    no_spec, no_spec_source = _no_spec_rates(ctx)
+    gap = ((ctx.earlier_result("gap") or {}).get("sections") or {}).get("gap") or {}
+    baseline = gap.get("baseline") if isinstance(gap, dict) else None
+    base_rates = (baseline or {}).get("rates") or {}
+    spec = config.get("speculative") or {}
+    named = None
+    if baseline:
+        version = f"v{baseline['version']}" if baseline.get("version") else None
+        named = " ".join(str(p) for p in (baseline.get("source"), "baseline", version) if p)
+    out: dict[str, Any] = {"configuration": side, "no_spec_source": no_spec_source,
+                           "baseline_source": named,
+                           **({"profile_missing": why} if profile is None else {})}
+    for w in workloads:
+        summary = rates.get(w) or {}
+        mean = summary.get("mean_tps")
+        if mean is None:
+            continue
+        entry = explain_step(float(mean), acceptance_len=mean_acceptance_length(config, summary),
+                             k=spec.get("num_speculative_tokens"), profile=profile, nodes_facts=facts,
+                             config=config, no_spec_tps=no_spec.get(w))
+        entry["to_bound"] = distance(float(mean), (bounds.get(w) or {}).get("bound_tps"))
+        base = base_rates.get(w) if isinstance(base_rates, dict) else None
+        entry["to_baseline"] = distance(float(mean), (base or {}).get("mean_tps")) if base else None
+        out[w] = entry
+        ctx.log(f"{w}: step {entry['step_ms']:.1f} ms = " + " + ".join(
+            f"{p['part']} {p['ms']:.1f} ({p['kind']})" for p in entry["parts"]))
     return out
 
 

@@ -1131,6 +1131,63 @@ def _config_diff(before: Any, after: Any) -> dict[str, dict[str, Any]]:
     return {"speculative": {"from": before, "to": after}}
 
 
+def _interval_words(ci: Sequence[float]) -> str:
+    """An interval of a change as the report prints it: one decimal, each bound signed."""
+    return f"[{ci[0]:+.1f}, {ci[1]:+.1f}] tok/s"
+
+
+def _finding_words(
+    w: str,
+    verdict: str,
+    customer: Setting,
+    target: Setting,
+    d: WorkloadDecision,
+    base: Sequence[float],
+    after: Sequence[float],
+    impact: Mapping[str, Any],
+    none_tps: Mapping[str, Any],
+    confirmed: Mapping[Setting, Mapping[str, Sequence[float]]],
+) -> tuple[str, str]:
+    """A finding's title and summary, claiming only what its measurements show.
+
+    The title speaks of the impact the finding carries (the setting the tuned configuration
+    runs against the customer's, on this workload) and says "faster" only when the change's
+    95 % interval is wholly above zero; a difference the interval does not show is worded
+    so. Another setting's higher mean on this workload alone is named in the summary with
+    its own interval, never in the title, since it is not what is deployed."""
+    lo, hi = impact["ci95"]
+    change = f"{impact['after'] - impact['before']:+.1f} tok/s, 95 % interval {_interval_words((lo, hi))}"
+    if lo > 0:
+        claim = f"On {w}, {target.label} is faster than {customer.label}"
+    elif hi < 0:
+        claim = f"On {w}, {target.label} is slower than {customer.label}"
+    else:
+        claim = f"On {w}, {target.label} is not shown to be faster than {customer.label}"
+    summary = (f"On {w}, {target.label} delivers {statistics.fmean(after):.1f} tok/s against "
+               f"{statistics.fmean(base):.1f} for {customer.label} ({change}).")
+    if verdict == "harmful":
+        vn = d.customer_vs_none or {"ci95": [0.0, 0.0], "p": 1.0}
+        slower = vn["ci95"][1] < 0
+        summary = (
+            f"On {w}, {customer.label} delivers {statistics.fmean(base):.1f} tok/s against "
+            f"{none_tps.get('mean_tps', 0):.1f} without speculation (difference "
+            f"{_interval_words(vn['ci95'])}, p = {vn['p']:.2g}). " + summary
+        )
+        title = (f"On {w}, {customer.label} is slower than no speculation" if slower
+                 else f"On {w}, {customer.label} is not shown to be faster than no speculation")
+        return title, summary
+    if d.best != target and d.best in confirmed:
+        vs = d.best_vs_customer or {}
+        ci = vs.get("ci95")
+        summary += (
+            f" On {w} alone the highest mean was {d.best.label}'s, "
+            f"{statistics.fmean(confirmed[d.best][w]):.1f} tok/s"
+            + (f" (against {customer.label}: {_interval_words(ci)})" if ci else "")
+            + f"; one server runs one setting, and {target.label} is the one for the workload mix."
+        )
+    return claim, summary
+
+
 def _findings(
     run: _Run,
     customer: Setting,
@@ -1197,23 +1254,8 @@ def _findings(
                 "setting": target.as_dict(),
             }
             none_tps = section["none"].get(w, {}) or {}
-            if verdict == "harmful":
-                vn = d.customer_vs_none or {"ci95": [0.0, 0.0], "p": 1.0}
-                summary = (
-                    f"On {w}, {customer.label} delivers {statistics.fmean(base):.1f} tok/s, slower than "
-                    f"no speculation ({none_tps.get('mean_tps', 0):.1f} tok/s; difference "
-                    f"{vn['ci95'][0]:+.1f} to {vn['ci95'][1]:+.1f} tok/s, p = {vn['p']:.2g})."
-                )
-                title = f"On {w}, {customer.label} is slower than no speculation"
-            else:
-                vs = d.best_vs_customer or {}
-                ci = vs.get("ci95", [0.0, 0.0])
-                summary = (
-                    f"On {w}, {d.best.label} delivers {statistics.fmean(run.confirmed[d.best][w]):.1f} "
-                    f"tok/s against {statistics.fmean(base):.1f} for {customer.label} (difference "
-                    f"{ci[0]:+.1f} to {ci[1]:+.1f} tok/s, p = {vs.get('p', 1):.2g})."
-                )
-                title = f"On {w}, {d.best.label} is faster than {customer.label}"
+            title, summary = _finding_words(w, verdict, customer, target, d, base, after, impact, none_tps,
+                                            run.confirmed)
             findings.append(
                 {
                     "code": f"specdec.{verdict}",

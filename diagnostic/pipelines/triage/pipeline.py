@@ -5,7 +5,10 @@ From the customer's true cold start (reproduce's, or our own when that evidence 
 missing): the per-node timeline, every stall attributed by its telemetry signature, the
 change each cause calls for derived from the lab's facts, and then the proof: the changes
 added one at a time, cumulatively, a true cold start after each, so that each step shows
-its own signature gone and the last one is every proved change together. A configuration
+its own signature gone and the last one is every proved change together. Each change is
+then proved on its own phase over every start of the day, two at least on each side; the
+start that fills the gaps (usually one: the last step without the first change) is taken
+before the last step, so the lab is left serving what the triage hands on. A configuration
 that keeps its JIT cache is measured as its users see it: the cache warmed by one start
 first, the one-time compile mentioned as a note.
 """
@@ -318,7 +321,15 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
     current = before
     proved: list[str] = []
     runs: list[tuple[str, list[Change], cs.ColdStart, cs.ColdStart]] = []
+    extra: list[cs.ColdStart] = []
     for i, cause in enumerate(order):
+        if i == len(order) - 1:
+            # The proof's own starts go before the last step, so that the last start is the
+            # configuration handed on (the next stage finds it serving) and, with a kept JIT
+            # cache, they find the cache the step before filled.
+            upcoming = apply_changes(base_config, fixes[cause].changes)
+            extra += phase_proof_starts(triage, [before, *(r[2] for r in runs)], [upcoming], fixes,
+                                        [*proved, cause], upcoming)
         if triage.over_budget():
             left = ", ".join(fixes[c].label for c in order[i:])
             triage.notes.append(f"Lab-time budget spent: not proved: {left}.")
@@ -345,9 +356,12 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
     after = current
     if fixes and not proved:
         triage.notes.append("No change was proved: the configuration's cold start is left as it is.")
+    # A step that did not prove itself changes what the proof needs: fill what is left.
+    extra += phase_proof_starts(triage, [before, *(r[2] for r in runs), *extra], [], fixes, proved,
+                                after.config)
     progress(95, "writing the cold-start section")
     built = rp.build_result(before, after, runs, fixes, proved, triage.notes, triage.steps,
-                            lab_time_s=triage.spent())
+                            lab_time_s=triage.spent(), extra=extra)
     # The customer's start and ours, each node's seconds counted from that launch's origin
     # on the node's own clock (the proving runs stay in the section's waterfall).
     starts = {"before": before} if after is before else {"before": before, "after": after}
@@ -357,6 +371,75 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
     built["telemetry_csv"] = fr.telemetry_table(frames).to_csv(index=False, float_format="%.2f")
     progress(100, f"cold start {before.cold_start_s:.0f} s -> {after.cold_start_s:.0f} s")
     return built
+
+
+# Starts the proof may add at most: one covers every gap of the reference waterfall (the
+# last step without the first change lacks the first change and has the others).
+MAX_PROOF_STARTS = 2
+
+
+def _short_sides(configs: list[dict[str, Any]], fixes: Mapping[str, Fix],
+                 causes: list[str]) -> dict[tuple[str, bool], int]:
+    """{(cause, with its fix): starts missing} for each change whose phase has fewer than
+    two true cold starts on a side, among starts of `configs`."""
+    short = {}
+    for cause in causes:
+        with_fix = sum(1 for c in configs if _has(c, fixes[cause]))
+        for side, have in ((False, len(configs) - with_fix), (True, with_fix)):
+            if have < rp.MIN_STARTS_PER_SIDE:
+                short[(cause, side)] = rp.MIN_STARTS_PER_SIDE - have
+    return short
+
+
+def _has(config: Mapping[str, Any], fix: Fix) -> bool:
+    return bool(fix.changes) and all(get_path(config, c["path"]) == c["to"] for c in fix.changes)
+
+
+def phase_proof_starts(triage: Triage, taken: list[cs.ColdStart], upcoming: list[dict[str, Any]],
+                       fixes: Mapping[str, Fix], causes: list[str],
+                       final: dict[str, Any]) -> list[cs.ColdStart]:
+    """The true cold starts the proof still needs (METHODOLOGY.md, "Proof for cold starts"):
+    each change is measured on its own phase over every start of the day, with and without
+    it, and needs two on each side. The starts taken (and `upcoming`, the waterfall's last
+    step, about to be taken) count; where a side has one, the start added is the one that
+    fills most gaps at once: the final configuration, or the final one without one change
+    (it lacks that change and has every other, so one start serves several sides). Nothing
+    is added past the lab-time budget; the finding then says its interval is missing."""
+    extra: list[cs.ColdStart] = []
+    if triage.repeats > 1:
+        return extra  # every step has its own interval on repeated whole starts
+    configs = [s.config for s in taken] + list(upcoming)
+    for _ in range(MAX_PROOF_STARTS):
+        short = _short_sides(configs, fixes, causes)
+        if not short:
+            break
+        if triage.over_budget():
+            triage.notes.append("Lab-time budget spent: some changes' phases have one true cold start on a "
+                                "side, so their findings have no interval.")
+            break
+        candidates: list[tuple[str, dict[str, Any]]] = [("every proved change", final)]
+        for cause in causes:
+            reverted = [{"path": c["path"], "from": c["to"], "to": c["from"]} for c in fixes[cause].changes]
+            candidates.append((f"every proved change but {fixes[cause].label}",
+                               apply_changes(final, reverted)))
+
+        def covers(config: dict[str, Any], short: dict[tuple[str, bool], int] = short) -> int:
+            return sum(1 for (cause, side) in short if _has(config, fixes[cause]) == side)
+
+        label, config = max(candidates, key=lambda item: covers(item[1]))
+        if not covers(config):
+            break
+        triage.check_cancelled()
+        gaps = ", ".join(f"{fixes[c].label} {'with' if side else 'without'} it" for c, side in short)
+        triage.log(f"proof of the phases: one more true cold start, {label} (for {gaps})")
+        try:
+            start = triage.cold_start(config, f"proof: {label}")
+        except LaunchFailed as exc:
+            triage.notes.append(f"The proof's start ({label}) did not start: {exc.reason}.")
+            break
+        configs.append(start.config)
+        extra.append(start)
+    return extra
 
 
 def step_order(before: cs.ColdStart, causes: list[str]) -> list[str]:

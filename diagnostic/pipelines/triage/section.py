@@ -23,6 +23,14 @@ The section's fields (lab seconds throughout):
   compilers, gpu_util_pct, data_nic_mbps, mgmt_nic_mbps}, late_node, bootstrap_retries,
   evidence_incomplete {node: why}, why_not}; `unexplained[]`: the customer's stalls that
   were not attributed; `quiet_work[]`: silences with the GPU busy (graph capture), no fault.
+- `starts[]`: every true cold start the triage took {start (its step), cold_start_s,
+  samples_s, phases_s {weights_load_s, distributed_init_s, kernel_jit_s: the phase's
+  longest node, null where no log marks it}, extra (taken only for the proof)}. Each
+  cause's finding has as `impact` its own phase on the starts without its change against
+  those with it ({metric: <phase>_s, before, after, n_before, n_after, samples {before,
+  after: [{start, seconds}]}, ci95 (Welch, two starts a side at least)}), since the stall a
+  change removes sits in that phase and no other change touches it (METHODOLOGY.md, "Proof
+  for cold starts"). With repeated starts per step, the whole starts carry it instead.
 - `notes[]` (e.g. the one-time compile of a kept JIT cache), `lab_time_s`, `steps[]` (lab
   seconds per step, JIT-cache warm-ups, skipped runs), `telemetry_csv` (the file name).
 """
@@ -33,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from statistics import median
 from typing import Any
 
-from diagnostic.pipelines.changes import Change
+from diagnostic.pipelines.changes import Change, get_path
 from diagnostic.pipelines.stats import t_interval, welch
 from diagnostic.pipelines.triage import frames as fr
 from diagnostic.pipelines.triage.coldstart import ColdStart, StallGroup
@@ -49,6 +57,7 @@ from diagnostic.pipelines.triage.signatures import (
 from diagnostic.pipelines.triage.timeline import relative_phases
 
 UNEXPLAINED_CODE = "load.unexplained_stall"
+FAULTS_WITH_PHASE = (WEIGHTS_IO, RENDEZVOUS, JIT_COMPILE)
 
 
 def _phase_at(start: ColdStart, node: str, epoch: float) -> str | None:
@@ -165,25 +174,83 @@ _TITLES = {
 }
 
 
+# The phase of the start each cause's stall sits in: the seconds its change removes are that
+# phase's (the rendezvous is waited out in distributed init, the page-faulting loader in the
+# weights' load, the compile in the JIT phase), and no other change touches them.
+CAUSE_PHASE = {WEIGHTS_IO: "weights_load", JIT_COMPILE: "kernel_jit", RENDEZVOUS: "distributed_init"}
+PHASE_METRIC = {WEIGHTS_IO: "weights_load_s", JIT_COMPILE: "kernel_jit_s", RENDEZVOUS: "distributed_init_s"}
+# True cold starts on each side of a change before its interval counts (METHODOLOGY.md,
+# "Proof for cold starts").
+MIN_STARTS_PER_SIDE = 2
+
+
+def phase_seconds(start: ColdStart, cause: str) -> float | None:
+    """How long `cause`'s phase held this start: its longest node (every node waits for the
+    slowest before the next phase can finish), None when no node's log marks it."""
+    phase = CAUSE_PHASE[cause]
+    spans = [b - a for tl in start.timelines.values() for name, a, b in tl.phases if name == phase]
+    return round(max(spans), 1) if spans else None
+
+
+def has_fix(start: ColdStart, fix: Fix) -> bool:
+    """Whether the start ran with every change of `fix` (its configuration as launched)."""
+    return bool(fix.changes) and all(get_path(start.config, c["path"]) == c["to"] for c in fix.changes)
+
+
+def phase_sides(cause: str, fix: Fix, starts: Sequence[ColdStart]) -> tuple[list[ColdStart], list[ColdStart]]:
+    """The true cold starts without `fix` and those with it, each with its phase marked."""
+    usable = [s for s in starts if phase_seconds(s, cause) is not None]
+    return [s for s in usable if not has_fix(s, fix)], [s for s in usable if has_fix(s, fix)]
+
+
+def phase_impact(cause: str, fix: Fix, starts: Sequence[ColdStart]) -> dict[str, Any] | None:
+    """The change's measured effect: the seconds of its own phase on every true cold start
+    without it against every one with it, with Welch's 95 % interval when each side has
+    two starts or more. Each start's figure is in `samples`, named by its step, so that the
+    report's numbers trace back to the starts that gave them."""
+    without, with_fix = phase_sides(cause, fix, starts)
+    if not without or not with_fix:
+        return None
+    a = [float(phase_seconds(s, cause) or 0.0) for s in without]
+    b = [float(phase_seconds(s, cause) or 0.0) for s in with_fix]
+    impact: dict[str, Any] = {
+        "metric": PHASE_METRIC[cause], "unit": "s", "better": "lower",
+        "before": round(sum(a) / len(a), 1), "after": round(sum(b) / len(b), 1),
+        "n": min(len(a), len(b)), "n_before": len(a), "n_after": len(b),
+        "phase": CAUSE_PHASE[cause],
+        "samples": {"before": [{"start": s.run, "seconds": v} for s, v in zip(without, a, strict=True)],
+                    "after": [{"start": s.run, "seconds": v} for s, v in zip(with_fix, b, strict=True)]},
+        "against": "every true cold start of this day without the change (the phase's longest node)",
+    }
+    if len(a) >= MIN_STARTS_PER_SIDE and len(b) >= MIN_STARTS_PER_SIDE:
+        test = welch(b, a)
+        impact["diff"] = round(float(test["diff"]), 1)
+        impact["ci95"] = [round(float(v), 1) for v in test["ci95"]]
+        impact["p"] = float(test["p"])
+        impact["test"] = "Welch's unequal-variance t-test, two-sided, alpha 0.05"
+    return impact
+
+
 def _finding(before: ColdStart, cause: str, fix: Fix | None, step: tuple[ColdStart, ColdStart] | None,
-             proved: bool) -> dict[str, Any]:
-    """One cause's finding; `step` is (the start its change was added to, the start with it)."""
+             proved: bool, starts: Sequence[ColdStart] = ()) -> dict[str, Any]:
+    """One cause's finding; `step` is (the start its change was added to, the start with it);
+    `starts`: every true cold start of the triage, for the change's proof on its phase."""
     evidence = _evidence(before, cause)
     seconds = float(evidence.get("stall_s") or evidence["silent_s"])
     change: dict[str, Any] | None = fix.finding_change() if fix is not None else None
     impact = None
     if step is not None:
         base, run = step
-        # The change's own effect: the start with it against the start it was added to (the
-        # customer's, or the waterfall's step before with the changes proved earlier).
-        impact = {"metric": "cold_start_s", "before": round(base.cold_start_s, 1),
-                  "after": round(run.cold_start_s, 1), "n": min(len(base.samples_s), len(run.samples_s)),
-                  "unit": "s", "better": "lower",
-                  "against": "your configuration" if base is before
-                  else "the waterfall's step before, with the changes proved earlier"}
-        delta = _delta_ci95(base, run)
-        if delta is not None:
-            impact["ci95"] = delta
+        impact = phase_impact(cause, fix, starts or [before, base, run]) if fix is not None else None
+        if (impact is None or "ci95" not in impact) and len(base.samples_s) > 1 and len(run.samples_s) > 1:
+            # Repeated starts per step (each start keeps the first one's evidence, so its
+            # phase is one sample): the whole starts carry the interval instead, the start
+            # with the change against the one it was added to.
+            impact = {"metric": "cold_start_s", "before": round(base.cold_start_s, 1),
+                      "after": round(run.cold_start_s, 1), "n": min(len(base.samples_s), len(run.samples_s)),
+                      "unit": "s", "better": "lower", "ci95": _delta_ci95(base, run),
+                      "against": "your configuration" if base is before
+                      else "the waterfall's step before, with the changes proved earlier"}
         evidence["signature_gone_after_fix"] = cause not in run.causes
     if change is not None and not proved:
         change["note"] = (change.get("note", "") + " Not proved on this lab: the cold start with this change "
@@ -266,10 +333,16 @@ def _ci_of(start: ColdStart) -> list[float] | None:
 def build_result(before: ColdStart, after: ColdStart,
                  runs: Sequence[tuple[str, list[Change], ColdStart, ColdStart]],
                  fixes: Mapping[str, Fix], proved: Sequence[str], notes: list[str],
-                 steps: list[dict[str, Any]], *, lab_time_s: float) -> dict[str, Any]:
+                 steps: list[dict[str, Any]], *, lab_time_s: float,
+                 extra: Sequence[ColdStart] = ()) -> dict[str, Any]:
     """The pipeline's result: section, findings, proved config_changes and lab time. `runs`:
     the waterfall's steps in order, each (cause, the changes it added, its start, the start
-    it added them to)."""
+    it added them to); `extra`: starts taken only so that each change's phase has two
+    starts on each side."""
+    starts: list[ColdStart] = []
+    for start in [before, *(r[2] for r in runs), *extra]:
+        if not any(start is s for s in starts):
+            starts.append(start)
     waterfall = [waterfall_entry("customer configuration", before, fixes=None, changes=[], mode="baseline",
                                  before=before)]
     added: dict[str, tuple[ColdStart, ColdStart]] = {}
@@ -287,7 +360,7 @@ def build_result(before: ColdStart, after: ColdStart,
         waterfall.append(entry)
         if cause in proved:
             had.append(cause)
-    findings = [_finding(before, cause, fixes.get(cause), added.get(cause), cause in proved)
+    findings = [_finding(before, cause, fixes.get(cause), added.get(cause), cause in proved, starts)
                 for cause in before.causes]
     findings += [_unexplained_finding(before, g) for g in before.stalls
                  if g.cause in (UNEXPLAINED, INCOMPLETE)]
@@ -327,6 +400,13 @@ def build_result(before: ColdStart, after: ColdStart,
         "lab_time_s": round(lab_time_s, 1),
         "steps": steps,
         "telemetry_csv": "cold-start-telemetry.csv",
+        # Every true cold start of the day's triage with the seconds of each cause's phase:
+        # the raw samples behind each finding's interval.
+        "starts": [{"start": s.run, "cold_start_s": round(s.cold_start_s, 1),
+                    "samples_s": [round(v, 1) for v in s.samples_s],
+                    "phases_s": {PHASE_METRIC[c]: phase_seconds(s, c) for c in FAULTS_WITH_PHASE},
+                    "extra": any(s is e for e in extra)}
+                   for s in starts],
     }
     return {"section": section, "findings": findings, "config_changes": config_changes,
             "lab_time_s": round(lab_time_s, 1)}

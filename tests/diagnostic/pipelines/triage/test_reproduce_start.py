@@ -73,8 +73,13 @@ def test_reproduces_start_decides_alone_and_the_step_before_fills_the_kept_cache
     assert "load.jit_compile" in compiling[-1]["signatures"]
     assert section["waterfall"][-1]["signatures"] == []
     assert section["after_s"] == pytest.approx(FIXED_S, abs=TOLERANCE_S)
-    # Three starts in all: one per step.
-    assert sum(1 for s in steps.values() if s["lab_s"] > 0) == 3
+    # Four starts in all: one per step, and one for the proof of the phases (the last step
+    # without the loader change: the loader's second start without it, the JIT cache's
+    # second with it), taken before the last step so that the last start is the one handed on.
+    assert sum(1 for s in steps.values() if s["lab_s"] > 0) == 4
+    proof = [name for name in steps if name.startswith("proof: ")]
+    assert proof == ["proof: every proved change but an eager safetensors loader"]
+    assert list(steps)[-1] == "persisted JIT cache"
 
 
 def test_a_cache_filled_on_an_earlier_day_is_the_later_steps_start(tmp_path: Path) -> None:

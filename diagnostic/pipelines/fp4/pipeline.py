@@ -15,9 +15,10 @@ a lead over 5 %) the version's order of preference decides. Speed is measured
 without speculative decoding, on the default too: a kernel's cost is the target model's,
 and draft acceptance over short runs spreads the rates 5-10 % (3 % without it), which would
 hide the cost the stop rule below has to bound. The search ends at the first backend that
-passes them with no speed cost against the default that the measurement shows (its mean
-within 5 % and its interval reaching the default's): the fix then costs nothing the
-measurement resolves, and the backends not tried are listed with that reason. The report
+passes them with its mean within 5 % of the default's on every workload: the fix then
+costs nothing the short measurement resolves (a weight-only backend's 8-15 % shows at
+once), and the backends not tried are listed with that reason and the measured difference
+with its interval. The report
 gets the verdicts before and after, the speed cost of correctness against the broken
 default with intervals, and canary examples side by side.
 """
@@ -597,22 +598,24 @@ def _rate_without_speculation(stage: _Stage) -> dict[str, Any] | None:
     return stage.rate()
 
 
-# A correct backend whose measured speed is within this share of the default's on every
-# workload, and not shown slower (the 95 % interval of the difference reaches zero), costs
-# nothing that the short measurement can resolve (n = 5 per workload resolves about 4 %: a
-# weight-only backend's 10-15 % cost is shown at once).
+# A correct backend whose mean speed is within this share of the default's on every workload
+# costs nothing that the short measurement can resolve (n = 5 per workload resolves about
+# 4 %: a weight-only backend's 8-15 % cost is shown at once). Its interval is not asked to
+# reach zero as well: equally fast kernels measured minutes apart on a busy lab show a
+# 1-3 % difference "significant" one time in several, and each such false cost was another
+# restart with a kernel compile (~500 lab s) for a backend no faster.
 NO_COST_PCT = 5.0
 
 
 def _no_cost(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> str | None:
     """How a correct candidate compares with the broken default when it costs nothing: on
-    every workload its mean is within NO_COST_PCT % below the default's (or above) and the
-    95 % interval of the difference (Welch) does not show it slower. Else None. Each further
+    every workload its mean is within NO_COST_PCT % below the default's (or above); the
+    difference's 95 % interval (Welch) is given with it. Else None. Each further
     candidate is a restart with a kernel compile; the version tries its backends in its own
     order of preference, so one that matches the default's speed ends the search."""
     cost = _speed_cost(before, after)
     if not cost or any(not c.get("diff_pct_ci95") or c["diff_pct"] < -NO_COST_PCT
-                       or c["diff_pct_ci95"][1] < 0 for c in cost.values()):
+                       for c in cost.values()):
         return None
     return "; ".join(f"{w} {c['diff_pct']:+.1f} % [{lo:+.1f}, {hi:+.1f}]"
                      for w, c in cost.items() for lo, hi in [c["diff_pct_ci95"]])
@@ -627,8 +630,8 @@ def _try_until_free(
     candidates: list[dict[str, Any]],
 ) -> dict[str, str]:
     """Restart with each backend in turn and check it, until one passes the canaries and the
-    probe at no speed cost against the default (`rate_before`; None: try them all): its
-    interval shows any cost under NO_COST_PCT %. Correctness then costs nothing, which is
+    probe at no speed cost against the default (`rate_before`; None: try them all): its mean
+    within NO_COST_PCT % of the default's. Correctness then costs nothing, which is
     this stage's question: a backend faster than the engine's own default would be speed
     tuning, and each try is a restart with a kernel compile. Returns {backend: why} for
     those left untried (empty when all were)."""

@@ -27,15 +27,15 @@ def _run(tmp_path: Path, scn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
 
 def assert_search_ended_at_no_cost(fp4: dict[str, Any], correct: str, after: str) -> None:
     """`after` was left untried exactly when a correct backend measured before it showed no
-    speed cost against the default on every workload (its mean within 5 % below or above,
-    its 95 % interval reaching zero); `correct` is then the fix or as fast as it."""
+    speed cost against the default on every workload (its mean within 5 % below or above);
+    `correct` is then the fix or as fast as it."""
     records = fp4["candidates"]
     default = next(c for c in records if c["backend"] == fp4["backend_before"])
     rec = next(c for c in records if c["backend"] == after)
     earlier = records[:records.index(rec)]
     free = [c["backend"] for c in earlier if c.get("status") == "measured" and c.get("verdict") == "correct"
             and (cost := _speed_cost(default.get("rate"), c.get("rate")))
-            and all(w["diff_pct"] >= -5.0 and w["diff_pct_ci95"][1] >= 0 for w in cost.values())]
+            and all(w["diff_pct"] >= -5.0 for w in cost.values())]
     if free:
         assert rec["status"] == "skipped" and "no speed cost against the default" in rec["reason"]
         assert any(n.startswith("the search stopped at the first correct backend") for n in fp4["notes"])

@@ -9,9 +9,10 @@ configuration and the equivalent command normalize alike; the model defaults to 
 reference Kimi K2 checkpoint. Errors name the field, the value and what would be accepted.
 
 Configurations come from strangers and end up on the lab's nodes, so this layer is also
-the first line of defence: `env` takes only the engines' variable families
-(`env_name_problem`), numbers must be finite, and the YAML reader refuses what would
-otherwise end in a traceback (deep nesting, lists as keys, 5,000-digit integers).
+the first line of defence: `env` takes only the variables lab/env_policy.yaml permits for
+the engine version, each value held to its rule (`env_name_problem`), numbers must be
+finite, and the YAML reader refuses what would otherwise end in a traceback (deep
+nesting, lists as keys, 5,000-digit integers).
 Whatever the input, the answer is a configuration or a ConfigError naming a field; values
 quoted in messages go through `shown`, which is bounded and never raises.
 
@@ -31,6 +32,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
+
+from lab import env_policy as env_rules
 
 SCHEMA = "diagnostic.config/1"
 
@@ -158,48 +161,79 @@ def _no_control(text: str, field: str) -> str:
         raise _fail(field, f"{shown(text)} {problem}; {CONTROL_ACCEPTED}")
     return text
 
-# The engine environment a configuration may set: the families of variables that tune the
-# engines and their communication libraries, which is what the diagnostic reads and
-# changes (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, VLLM_LOGGING_LEVEL, ...). Everything else is
-# refused: the loader's (LD_*), the interpreter's (PATH, PYTHON*), proxies, hub endpoints
-# and tokens (HF_*) would let a configuration run code or fetch content on the lab.
-# lab/agent/agent.py holds the same lists (it is stdlib-only and imports nothing); a test
-# keeps them equal.
-ENV_FAMILIES = ("NCCL_", "VLLM_", "SGLANG_", "SGL_", "FLASHINFER_", "CUDA_", "TORCH_",
-                "TORCHINDUCTOR_", "UCX_", "NVSHMEM_", "GLOO_", "TRITON_")
-ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
-             "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
-             "NVIDIA_TF32_OVERRIDE", "MAX_JOBS",
-             # Named one by one, so the word rule below does not apply: CUDA's lazy or
-             # eager module loading (LAZY / EAGER), which points at no code or file.
-             "CUDA_MODULE_LOADING", "CUDA_MODULE_DATA_LOADING")
-# Inside the families, a name with one of these words points the engine at code (plugins,
-# modules, libraries), at files or directories it would read or write, or at the network;
-# the lab sets those itself (NCCL_NET_PLUGIN, UCX_MODULE_DIR, TRITON_PTXAS_PATH,
-# VLLM_USE_MODELSCOPE, VLLM_HOST_IP, ...).
-ENV_REFUSED_WORDS = ("PLUGIN", "PLUGINS", "MODULE", "MODULES", "LIBRARY", "LIB", "PRELOAD",
-                     "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "DIRECTORY", "ROOT",
-                     "HOME", "BASE", "PROXY", "ENDPOINT", "URL", "URI", "HOST", "ADDR", "PORT",
-                     "MODELSCOPE", "REMOTE", "INSECURE", "LORA", "HUB")
+# The engine environment a configuration may set: the exact names of lab/env_policy.yaml,
+# per engine and version (lab.env_policy: the policy's names the version reads, plus the
+# libraries' names the lab permits everywhere), each value held to its rule. Everything
+# else is refused with the list: families with refused words let through variables that
+# load code or reach the network (issue 29). The node agent holds launch specs to the same
+# policy (it is pushed with it).
+# The list makes the refusal long (some 70 names): it is the message, so it is not cut.
+MAX_ENV_PROBLEM_CHARS = 4000
+_JIT_CACHE_ADVICE = ("the lab sets this from serving.jit_cache; use serving.jit_cache: persisted "
+                     "(a kept cache) or ephemeral instead")
 
 
-def env_name_problem(name: str) -> str | None:
-    """Why a configuration may not set the variable `name` (None when it may)."""
-    if name in JIT_CACHE_ENV:
-        return ("the lab sets this from serving.jit_cache; use serving.jit_cache: persisted "
-                "(a kept cache) or ephemeral instead")
-    if name not in ENV_NAMES and not name.startswith(ENV_FAMILIES):
-        families = ", ".join(f + "*" for f in ENV_FAMILIES)
-        return (f"is not a variable the lab passes to an engine; accepted: {families}, "
-                f"{', '.join(ENV_NAMES)} (never LD_*, PATH, PYTHON*, HF_*, proxies or endpoints)")
-    if name in ENV_NAMES:
+def _unmodelled(engine: str, version: str) -> ConfigError:
+    known = env_rules.modelled(engine)
+    return _fail("engine.version", f"{shown(version)} is not a {engine} version the platform "
+                                   f"models; use one of {', '.join(known)}")
+
+
+def env_name_problem(name: str, engine: str, version: str) -> str | None:
+    """Why a configuration for `engine` `version` may not set the variable `name` (None
+    when it may): set by the platform, a choice the version makes by a flag, a variable
+    this version does not read, or one the lab does not permit; each with the list of
+    those it does. LookupError for a version the platform does not model."""
+    allowed = env_rules.permitted(engine, version)
+    if name in allowed:
         return None
-    words = set(name.upper().split("_"))
-    refused = [w for w in ENV_REFUSED_WORDS if w in words]
-    if refused:
-        return (f"names a {refused[0].lower()}: variables that point an engine at code, files, "
-                "directories or the network are set by the lab, not by a configuration")
-    return None
+    label = env_rules.label(engine, version)
+    listing = f"permitted for {label}: {', '.join(allowed)}"
+    platform = env_rules.platform_rule(name)
+    if platform is not None:
+        where = platform.get("set_by", "the lab")
+        return _JIT_CACHE_ADVICE if where == "serving.jit_cache" else f"the lab sets this from {where}"
+    moved = env_rules.superseded(engine, name)
+    if moved is not None:
+        if not env_rules.has_flag(engine, version, moved["flag"]):
+            return f"{label} does not read {name}, and has no flag that chooses {moved['what']}"
+        return (f"{label} does not read {name}; {moved['what']} is chosen by {moved['flag']} "
+                f"(set {moved['field']})")
+    if env_rules.listed_for_engine(engine, name):
+        return f"{label} does not read {name} (it is not among its environment variables); {listing}"
+    return f"is not a variable the lab permits for {label}; {listing}"
+
+
+def _env_value(key: str, value: Any, rule: Mapping[str, Any], field: str) -> str:
+    """`value` as the string the engine gets, held to the variable's rule."""
+    if isinstance(value, bool):
+        # Engines and their libraries read boolean switches as 1/0 (NCCL_IB_DISABLE=1);
+        # a variable whose choices are true/false (TOKENIZERS_PARALLELISM) gets those.
+        words = rule.get("rule") == "choice" and "true" in (rule.get("choices") or ())
+        text = ("true" if value else "false") if words else ("1" if value else "0")
+    elif isinstance(value, int | float):
+        if not _finite(value):
+            raise _fail(field, f"{shown(value)} is not accepted; use a finite number "
+                               "or a string")
+        text = str(value)
+    elif isinstance(value, str):
+        if len(value) > MAX_ENV_VALUE_CHARS:
+            raise _fail(field, f"is {len(value)} characters; the limit is "
+                               f"{MAX_ENV_VALUE_CHARS}")
+        secret = secret_env_name(key) or rule.get("rule") == "secret"
+        problem = control_problem(value)
+        if problem is not None:
+            # A secret is named without its value: not quoted back, even to its owner.
+            quoted = mask_secret(value) if secret else value
+            raise _fail(field, f"{shown(quoted)} {problem}; {CONTROL_ACCEPTED}")
+        text = value
+    else:
+        raise _fail(field, f"{shown(value)} is not accepted; use a string, number or true/false")
+    problem = None if rule.get("rule") == "any" else env_rules.env_value_problem(text, dict(rule))
+    if problem is not None:
+        quoted = "the value" if rule.get("rule") == "secret" else shown(text)
+        raise _fail(field, f"{quoted} is not accepted; {key} {problem}")
+    return text
 
 
 # -- secrets ----------------------------------------------------------------------------
@@ -497,11 +531,12 @@ def _key(key: Any) -> str:
 class ConfigError(ValueError):
     """A configuration that cannot be used. `field` is the dotted path of the culprit."""
 
-    def __init__(self, field: str, problem: str) -> None:
-        if len(problem) > MAX_PROBLEM_CHARS:
+    def __init__(self, field: str, problem: str, *, limit: int = MAX_PROBLEM_CHARS) -> None:
+        if len(problem) > limit:
             # A message travels in a form error and a log line; values are shown bounded
             # (shown()), this only catches an engine's wording that quotes a long argument.
-            problem = problem[:MAX_PROBLEM_CHARS - 1] + "…"
+            # `limit` is raised for a refusal whose list is the message (the env's).
+            problem = problem[:limit - 1] + "…"
         super().__init__(f"{field}: {problem}" if field else problem)
         self.field = field
         self.problem = problem
@@ -689,7 +724,11 @@ def _speculative(raw: Any) -> dict[str, Any] | None:
     return {"method": method, "draft_model": draft, "num_speculative_tokens": k, **lookup}
 
 
-def _env(raw: Any) -> dict[str, str]:
+def _env(raw: Any, engine: Mapping[str, str], policy: bool = True) -> dict[str, str]:
+    """The variables of `env`, each one the lab permits for the configuration's engine and
+    version (env_name_problem), its value a string meeting the variable's rule. Without
+    `policy` (an engine reading its own launch: it takes any variable), names and values
+    are only checked for their form."""
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
@@ -700,28 +739,18 @@ def _env(raw: Any) -> dict[str, str]:
         if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
             raise _fail(field, "is not a valid environment variable name "
                                "(letters, digits and _, not starting with a digit)")
-        problem = env_name_problem(key)
+        if not policy:
+            out[key] = _env_value(key, value, {"rule": "secret"} if secret_env_name(key)
+                                  else {"rule": "any"}, field)
+            continue
+        try:
+            problem = env_name_problem(key, engine["name"], engine["version"])
+        except LookupError:
+            raise _unmodelled(engine["name"], engine["version"]) from None
         if problem is not None:
-            raise _fail(field, problem)
-        if isinstance(value, bool):
-            # Engines and their libraries read boolean switches as 1/0 (NCCL_IB_DISABLE=1).
-            out[key] = "1" if value else "0"
-        elif isinstance(value, int | float):
-            if not _finite(value):
-                raise _fail(field, f"{shown(value)} is not accepted; use a finite number "
-                                   "or a string")
-            out[key] = str(value)
-        elif isinstance(value, str):
-            if len(value) > MAX_ENV_VALUE_CHARS:
-                raise _fail(field, f"is {len(value)} characters; the limit is "
-                                   f"{MAX_ENV_VALUE_CHARS}")
-            problem = control_problem(value) if secret_env_name(key) else None
-            if problem is not None:
-                # Named without its value: a secret is not quoted back, even to its owner.
-                raise _fail(field, f"{shown(mask_secret(value))} {problem}; {CONTROL_ACCEPTED}")
-            out[key] = _no_control(value, field)
-        else:
-            raise _fail(field, f"{shown(value)} is not accepted; use a string, number or true/false")
+            raise ConfigError(field, problem, limit=MAX_ENV_PROBLEM_CHARS)
+        rule = env_rules.permitted(engine["name"], engine["version"])[key]
+        out[key] = _env_value(key, value, rule, field)
     return dict(sorted(out.items()))
 
 
@@ -799,9 +828,12 @@ def check_document(data: Any) -> Mapping[str, Any]:
     return data
 
 
-def normalize_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+def normalize_fields(data: Mapping[str, Any], *, env_policy: bool = True) -> dict[str, Any]:
     """Check a structured configuration and return a new dict with every field of
     `diagnostic.config/1`. Normalizing a normalized config returns it unchanged.
+    `env_policy=False` reads `env` as an engine does, any variable (parse_launch: the
+    simulated engine learning what it was started with); intake always holds it to the
+    lab's policy.
 
     Not the whole normalization: `extra_args` is checked for its shape here, its flags by
     lab.engines, and a `launch_command` is refused (lab.engines.normalize_config reads it).
@@ -819,7 +851,7 @@ def normalize_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         "parallel": parallel,
         "serving": _serving(data.get("serving"), engine["name"]),
         "speculative": _speculative(data.get("speculative")),
-        "env": _env(data.get("env")),
+        "env": _env(data.get("env"), engine, env_policy),
         "extra_args": _extra_args(data.get("extra_args")),
         "workloads": _workloads(data.get("workloads")),
     }

@@ -1,6 +1,7 @@
-"""The node agent as the platform sees it: where agent.py is, its bytes and checksum for
-pushing it to nodes, and the `lab.agent/1` JSON Schema that the real agent's answers and
-the simulated nodes' answers are both validated against.
+"""The node agent as the platform sees it: where agent.py is, its bytes (with the lab's
+environment policy written in) and checksum for pushing it to nodes, and the `lab.agent/1`
+JSON Schema that the real agent's answers and the simulated nodes' answers are both
+validated against.
 
 agent.py itself is stdlib-only and runs on the nodes; nothing here is imported there.
 """
@@ -21,9 +22,22 @@ class AgentResponseError(ValueError):
     """An agent answer that does not match schema.json; the message names each field."""
 
 
+# The line of agent.py that the push fills with the compiled environment policy.
+POLICY_LINE = b'ENV_POLICY_JSON = ""\n'
+
+
 def agent_source() -> bytes:
-    """The bytes of agent.py, as copied to a node."""
-    return AGENT_PATH.read_bytes()
+    """The bytes of agent.py as copied to a node: the file with the lab's environment
+    policy (lab.env_policy.policy_json) written into its ENV_POLICY_JSON line, so that the
+    agent holds launch specs to the same list as intake and the checksum verified after the
+    push covers the policy."""
+    from lab.env_policy import policy_json  # reads the release tables: only when pushing
+
+    source = AGENT_PATH.read_bytes()
+    if source.count(POLICY_LINE) != 1:
+        raise RuntimeError(f"{AGENT_PATH} must hold the line {POLICY_LINE!r} exactly once")
+    filled = b"ENV_POLICY_JSON = " + repr(policy_json()).encode("ascii") + b"\n"
+    return source.replace(POLICY_LINE, filled)
 
 
 def agent_sha256() -> str:

@@ -15,9 +15,12 @@ oldest interpreter its tests run under; README.md; 3.7 lacks importlib.metadata)
 The engine runs customers' configurations, so it never runs with the agent's privileges
 or environment: when the agent is root it starts the engine as the node's service user
 (`engine_user` in the node's own config file), always with a fixed PATH and an
-environment built from allow-lists, and it refuses a spec whose env names a variable a
-configuration may not set. Only drop-caches needs privilege: as root it writes the file
-itself, otherwise it asks `sudo -n` for the one command a narrow sudoers rule allows.
+environment built from allow-lists, and it refuses a spec whose env sets a variable, or a
+value, outside the lab's environment policy for the spec's engine and version (the policy
+is written into this file when the platform pushes it, so its checksum covers it; a spec
+written by anything but the platform is held to it too). Only drop-caches needs
+privilege: as root it writes the file itself, otherwise it asks `sudo -n` for the one
+command a narrow sudoers rule allows.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import os
 import platform
 import pwd
 import random
+import re
 import shutil
 import signal
 import socket
@@ -76,6 +80,9 @@ NODE_CONFIG_DEFAULTS: dict[str, Any] = {
     "engine_user": "diag",  # who runs the engine when the agent is root
     "engine_path": "/usr/local/bin:/usr/bin:/bin",  # the engine's PATH, whatever the agent's
     "engine_env": {},  # the operator's own additions (HF_HOME, CUDA_HOME, ...)
+    # The node's cache volume (the inventory's cache_dir): the one place a path in a launch
+    # spec's env (the JIT cache directories) may point.
+    "cache_dir": "/var/cache/diag",
 }
 # Engines run offline: a model or draft named by id resolves only to the copy the lab
 # placed in its cache, never to a download (the operator's engine_env may say otherwise).
@@ -83,25 +90,15 @@ ENGINE_ENV_FIXED = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 # What the engine keeps of the agent's own environment: locale and time zone only.
 AGENT_ENV_KEPT = ("LANG", "LANGUAGE", "TZ")
 AGENT_ENV_KEPT_PREFIXES = ("LC_",)
-# The variables a launch spec may set: lab/config.py's ENV_FAMILIES, ENV_NAMES and
-# ENV_REFUSED_WORDS, repeated here because the agent imports nothing (a test keeps the
-# copies equal). The platform refuses the others before a spec is written; the agent
-# refuses them again so a spec written by anything else cannot set them either.
-ENV_FAMILIES = ("NCCL_", "VLLM_", "SGLANG_", "SGL_", "FLASHINFER_", "CUDA_", "TORCH_",
-                "TORCHINDUCTOR_", "UCX_", "NVSHMEM_", "GLOO_", "TRITON_")
-ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
-             "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
-             "NVIDIA_TF32_OVERRIDE", "MAX_JOBS",
-             # Named one by one, so the word rule below does not apply: CUDA's lazy or
-             # eager module loading (LAZY / EAGER), which points at no code or file.
-             "CUDA_MODULE_LOADING", "CUDA_MODULE_DATA_LOADING")
-ENV_REFUSED_WORDS = ("PLUGIN", "PLUGINS", "MODULE", "MODULES", "LIBRARY", "LIB", "PRELOAD",
-                     "PATH", "PATHS", "FILE", "FILES", "DIR", "DIRS", "DIRECTORY", "ROOT",
-                     "HOME", "BASE", "PROXY", "ENDPOINT", "URL", "URI", "HOST", "ADDR", "PORT",
-                     "MODELSCOPE", "REMOTE", "INSECURE", "LORA", "HUB")
-# The JIT cache variables the platform renders from serving.jit_cache (to the node's
-# cache_dir): the one place a path may reach the engine's environment.
-JIT_CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")
+# The environment a launch spec may give the engine: lab/env_policy.yaml compiled, per
+# engine and version, with the release tables (lab.env_policy.compiled_policy). The
+# platform writes it into the next line when it pushes the agent (lab.agent.agent_source),
+# so the checksum the platform verifies after the push covers the policy as well; an
+# agent.py copied by other means holds none and launches no spec that sets a variable.
+ENV_POLICY_JSON = ""
+ENV_POLICY_SCHEMA = "lab.env-policy/1"
+MAX_ENV_VALUE_CHARS = 4096
+MAX_ENV_ITEMS = 64  # names in one interface or choice list
 # drop-caches without root: the one command the sudoers rule allows (README.md).
 SUDO = os.environ.get("LAB_AGENT_SUDO") or "/usr/bin/sudo"
 DROP_CACHES_SUDO = ("-n", "/usr/bin/tee", "/proc/sys/vm/drop_caches")
@@ -822,19 +819,170 @@ def work_dir(args: argparse.Namespace) -> str:
     return os.path.abspath(args.work_dir or os.path.dirname(agent_file()))
 
 
-def env_name_problem(name: str) -> str | None:
-    """Why a launch spec may not set `name` (None when it may); lab.config's rule."""
-    if name in JIT_CACHE_ENV:
+# -- the environment policy --------------------------------------------------------------
+# One implementation of the value rules, used here and by the platform (lab.env_policy
+# imports these functions), so that intake and the node cannot disagree about a value.
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# A NIC (IFNAMSIZ: 15 characters) or RDMA device name, as NCCL, gloo and /sys name them.
+_DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+_DEVICE_PORT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(:[0-9]{1,3})?\Z")
+_INT = re.compile(r"[-+]?[0-9]{1,19}\Z")
+_FLOAT = re.compile(r"[-+]?([0-9]{1,19}(\.[0-9]{0,19})?|\.[0-9]{1,19})([eE][-+]?[0-9]{1,3})?\Z")
+# C0 and C1 controls, DEL, lone surrogates and the line/paragraph separators (lab.config's
+# CONTROL_CATEGORIES): a value holding one would split or hide part of a log line or env.
+_ENV_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def env_policy() -> dict[str, Any] | None:
+    """The policy the platform wrote into this file when it pushed it (None in a copy that
+    was not pushed)."""
+    if not ENV_POLICY_JSON:
         return None
-    if name not in ENV_NAMES and not name.startswith(ENV_FAMILIES):
-        return ("is not a variable an engine may be given; accepted: "
-                + ", ".join(f + "*" for f in ENV_FAMILIES) + ", " + ", ".join(ENV_NAMES))
-    if name in ENV_NAMES:
+    policy = json.loads(ENV_POLICY_JSON)
+    if not isinstance(policy, dict) or policy.get("schema") != ENV_POLICY_SCHEMA:
+        raise AgentError("invalid_spec", f"the environment policy in agent.py is not {ENV_POLICY_SCHEMA}")
+    return policy
+
+
+def permitted_env(policy: dict[str, Any], engine: Any, version: Any) -> dict[str, Any] | None:
+    """Every variable a launch of `engine` `version` may set -> its rule: the libraries'
+    (common), the platform's own (the JIT cache directories) and those of the engine's
+    list that this version reads. None when the policy does not know the version."""
+    versions = policy.get("engines", {}).get(engine) if isinstance(engine, str) else None
+    if not isinstance(versions, dict) or not isinstance(version, str) or version not in versions:
         return None
-    words = set(name.upper().split("_"))
-    refused = [w for w in ENV_REFUSED_WORDS if w in words]
-    if refused:
-        return f"names a {refused[0].lower()}; the node sets those, not a launch spec"
+    return {**policy["common"], **policy["platform"], **versions[version]}
+
+
+def env_engine_label(policy: dict[str, Any] | None, engine: str, version: str) -> str:
+    """"vLLM 0.34.0": how a message names an engine version."""
+    labels = (policy or {}).get("labels") or {}
+    return f"{labels.get(engine, engine)} {version}"
+
+
+def env_rule_text(rule: dict[str, Any], cache_dir: str | None = None) -> str:
+    """What a value of `rule` must be, in words: "takes a whole number from 1 to 64"."""
+    kind = rule.get("rule")
+    if kind == "interface":
+        port = ", each optionally with :PORT" if rule.get("ports") else ""
+        return ("takes interface names (letters, digits, '.', '_' and '-'" + port + "), "
+                "comma-separated, optionally led by ^ (all but) or = (exactly)")
+    if kind == "number":
+        what = "a whole number" if rule.get("type") == "int" else "a number"
+        return f"takes {what} from {rule.get('min')} to {rule.get('max')}"
+    if kind == "choice":
+        choices = ", ".join(str(c) for c in rule.get("choices") or [])
+        if rule.get("list"):
+            lead = ", optionally led by ^ (all but)" if rule.get("negatable") else ""
+            return f"takes a comma-separated list of {choices}{lead}"
+        return f"takes one of {choices}"
+    if kind == "bool":
+        return "takes 0 or 1"
+    if kind == "path-in-cache":
+        where = f" ({cache_dir})" if cache_dir else ""
+        return f"takes an absolute path inside the node's cache volume{where}, without '..'"
+    if kind == "secret":
+        return "takes one line of printable text"
+    return f"has a rule this agent does not know ({kind!r}); it is refused"
+
+
+def _number_ok(value: str, rule: dict[str, Any]) -> bool:
+    if not (_INT if rule.get("type") == "int" else _FLOAT).match(value):
+        return False
+    number = int(value) if rule.get("type") == "int" else float(value)
+    low, high = rule.get("min"), rule.get("max")
+    return (low is None or number >= low) and (high is None or number <= high)
+
+
+def _items(value: str, lead: str) -> list[str] | None:
+    """A comma list's items after an optional leading character of `lead`; None when an
+    item is empty or there are too many."""
+    if value[:1] and value[:1] in lead:
+        value = value[1:]
+    items = value.split(",")
+    if len(items) > MAX_ENV_ITEMS or not all(items):
+        return None
+    return items
+
+
+def _in_cache(value: str, cache_dir: str | None) -> bool:
+    if not value.startswith("/") or ".." in value.split("/") or os.path.normpath(value) != value:
+        return False
+    if cache_dir is None:
+        return True
+    root = os.path.normpath(cache_dir)
+    return value == root or value.startswith(root.rstrip("/") + "/")
+
+
+def env_value_problem(value: str, rule: dict[str, Any], cache_dir: str | None = None) -> str | None:
+    """Why `value` breaks `rule` (the rule in words, env_rule_text), None when it meets it.
+    A path is checked as written here; the agent also resolves it on the node."""
+    if not isinstance(value, str) or len(value) > MAX_ENV_VALUE_CHARS or _ENV_CONTROL.search(value):
+        return env_rule_text(rule, cache_dir) + f" (at most {MAX_ENV_VALUE_CHARS} characters, " \
+            "no control characters)"
+    kind = rule.get("rule")
+    ok = False
+    if kind == "interface":
+        items = _items(value, "^=")
+        pattern = _DEVICE_PORT if rule.get("ports") else _DEVICE
+        ok = items is not None and all(pattern.match(i) for i in items)
+    elif kind == "number":
+        ok = _number_ok(value, rule)
+    elif kind == "choice":
+        choices = [str(c) for c in rule.get("choices") or []]
+        if rule.get("list"):
+            items = _items(value, "^" if rule.get("negatable") else "")
+            ok = items is not None and all(i in choices for i in items)
+        else:
+            ok = value in choices
+    elif kind == "bool":
+        ok = value in ("0", "1")
+    elif kind == "path-in-cache":
+        ok = _in_cache(value, cache_dir)
+    elif kind == "secret":
+        ok = True  # any one line (an empty key turns authentication off)
+    return None if ok else env_rule_text(rule, cache_dir)
+
+
+def spec_env_problem(env: dict[str, str], engine: Any, version: Any, cache_dir: str | None,
+                     policy: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(field, why) for the first thing wrong with a launch spec's env under `policy`: a
+    variable it does not permit for `engine` `version` (the message lists those it does),
+    or a value breaking its rule (secrets are never quoted). None when the env passes."""
+    if not env:
+        return None
+    if policy is None:
+        return ("env", "this agent.py holds no environment policy (the platform writes it in "
+                       "when it pushes the agent); push the agent from the platform")
+    allowed = permitted_env(policy, engine, version)
+    if allowed is None:
+        known = ", ".join(f"{e} {v}" for e, vs in sorted(policy.get("engines", {}).items())
+                          for v in sorted(vs))
+        return ("version", f"{engine!r} {version!r} is not an engine version the environment "
+                           f"policy knows, so no variable may be set; known: {known}")
+    label = env_engine_label(policy, engine, version)
+    for name in sorted(env):
+        rule = allowed.get(name)
+        if rule is None:
+            return (f"env.{name}", f"is not a variable the lab permits for {label}; "
+                                   f"permitted: {', '.join(sorted(allowed))}")
+        problem = env_value_problem(env[name], rule, cache_dir)
+        if problem is not None:
+            shown = "the value" if rule.get("rule") == "secret" else repr(env[name][:200])
+            return (f"env.{name}", f"{shown} is not accepted; {name} {problem}")
+    return None
+
+
+def resolved_outside(env: dict[str, str], allowed: dict[str, Any], cache_dir: str) -> str | None:
+    """A path-in-cache variable whose path, resolved on this node (symbolic links
+    followed), leaves the cache volume: None when there is none."""
+    root = os.path.realpath(cache_dir)
+    for name in sorted(env):
+        if (allowed.get(name) or {}).get("rule") == "path-in-cache":
+            real = os.path.realpath(env[name])
+            if real != root and not real.startswith(root.rstrip("/") + "/"):
+                return name
     return None
 
 
@@ -934,10 +1082,13 @@ def privilege_drop(user: EngineUser) -> dict[str, Any]:
     return {"preexec_fn": drop}
 
 
-def load_spec(path: str, base: str) -> tuple[dict[str, Any], str]:
+def load_spec(path: str, base: str, cache_dir: str = NODE_CONFIG_DEFAULTS["cache_dir"]
+              ) -> tuple[dict[str, Any], str]:
     """The launch spec, checked field by field (relative paths resolve against `base`),
     and the sha256 of the file's bytes exactly as read: what `status` later reports, so the
-    platform can tell which configuration the engine was started from."""
+    platform can tell which configuration the engine was started from. Its env must pass
+    the environment policy for its `engine` and `version` (spec_env_problem), paths inside
+    `cache_dir` (the node config's) even once resolved here."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -963,10 +1114,17 @@ def load_spec(path: str, base: str) -> tuple[dict[str, Any], str]:
     if not isinstance(env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise bad("env", "must map variable names to string values")
-    for name in sorted(env):
-        problem = env_name_problem(name)
-        if problem is not None:
-            raise AgentError("invalid_spec", f"spec.env.{name}: {problem}")
+    if not all(_ENV_NAME.match(k) for k in env):
+        raise bad("env", "must map variable names (letters, digits and _) to string values")
+    policy = env_policy()
+    problem = spec_env_problem(env, spec.get("engine"), spec.get("version"), cache_dir, policy)
+    if problem is not None:
+        raise AgentError("invalid_spec", f"spec.{problem[0]}: {problem[1]}")
+    allowed = permitted_env(policy, spec.get("engine"), spec.get("version")) if policy else None
+    outside = resolved_outside(env, allowed or {}, cache_dir) if env else None
+    if outside is not None:
+        raise AgentError("invalid_spec", f"spec.env.{outside}: {env[outside]!r} resolves (through a "
+                         f"symbolic link) outside the node's cache volume {cache_dir}")
     log_file = spec.get("log_file")
     if not isinstance(log_file, str) or not log_file:
         raise bad("log_file", "must be a file path")
@@ -1044,7 +1202,8 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     wd = work_dir(args)
     if not os.path.isdir(wd):
         raise AgentError("not_found", f"launch: --work-dir {wd!r} is not a directory")
-    spec, spec_sha256 = load_spec(args.spec, wd)
+    config = node_config()
+    spec, spec_sha256 = load_spec(args.spec, wd, config["cache_dir"])
     current = engine_record(wd)
     if current is not None and engine_running(current):
         raise AgentError("already_running",
@@ -1060,7 +1219,6 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     record_path = os.path.join(wd, ENGINE_RECORD)
     exit_path = os.path.join(wd, ENGINE_EXIT)
     try:
-        config = node_config()
         user = engine_user(config)
         env = engine_environment(spec["env"], config, user)
         argv = [resolve_program(spec["argv"][0], env["PATH"]), *spec["argv"][1:]]

@@ -261,7 +261,7 @@ def render(config: Mapping[str, Any], nodes: Sequence[Node], *,
             raise ConfigError("engine.version", f"{engine.name} {version} does not accept the "
                                                 f"launch: {exc.error_line}") from None
         env = {**config["env"], **jit_cache_env(config["serving"]["jit_cache"], node)}
-        specs.append(launch_spec(engine.name, node, rank, argv, env))
+        specs.append(launch_spec(engine.name, node, rank, argv, env, version))
     return specs
 
 
@@ -286,7 +286,8 @@ def parse_launch(argv: Sequence[str], env: Mapping[str, str], *,
     try:
         # An engine knows nothing of the lab's catalog: what it was started with is read
         # as the engine reads it, without the lab's admission.
-        config = normalize_fields(raw)
+        # The lab's environment policy is not the engine's: it reads any variable.
+        config = normalize_fields(raw, env_policy=False)
         config = engine.check_config(config)
     except ConfigError as exc:
         flag, problem = engine.value_problem(exc)

@@ -149,10 +149,13 @@ def nodes_used(config: Mapping[str, Any], nodes: Sequence[Node]) -> list[Node]:
 
 
 def launch_spec(engine: str, node: Node, rank: int, argv: list[str],
-                env: dict[str, str]) -> dict[str, Any]:
+                env: dict[str, str], version: str | None = None) -> dict[str, Any]:
+    """One node's `lab.launch/1` spec. `version` is the engine release the argv is written
+    for: the node agent holds `env` to the lab's environment policy for that version."""
     return {
         "schema": LAUNCH_SCHEMA,
         "engine": engine,
+        **({"version": version} if version is not None else {}),
         "node": node.name,
         "role": "head" if rank == 0 else "worker",
         "rank": rank,

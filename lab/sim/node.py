@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 from lab.agent.agent import launch_owner, rotate_log
 from lab.clock import LabClock
-from lab.config import JIT_CACHE_ENV, env_name_problem
+from lab.env_policy import launch_env_problem
 from lab.sim import fp4
 from lab.sim.engine import EngineProcess, RendezvousHub, backend_state
 from lab.sim.hardware import NodeHardware
@@ -462,12 +462,11 @@ class SimNode:
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                 for k, v in env.items()):
             raise bad("env", "must map variable names to string values")
-        for name in sorted(env):
-            # The real agent refuses what a configuration may not set (its copy of
-            # lab.config's allow-list); the JIT cache variables are the platform's own.
-            problem = None if name in JIT_CACHE_ENV else env_name_problem(name)
-            if problem is not None:
-                raise AgentFailure("invalid_spec", f"spec.env.{name}: {problem}")
+        # The real agent's check, with the policy it is pushed with (lab.env_policy).
+        problem = launch_env_problem(env, spec.get("engine"), spec.get("version"),
+                                     self.paths.cache_dir)
+        if problem is not None:
+            raise AgentFailure("invalid_spec", f"spec.{problem[0]}: {problem[1]}")
         if not isinstance(log_file, str) or not log_file:
             raise bad("log_file", "must be a file path")
         owner = spec.get("owner")

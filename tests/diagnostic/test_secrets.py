@@ -67,10 +67,11 @@ REFERENCE_YAML = REFERENCE_CONFIG.read_text()
 # which the attacks below extend.
 REFERENCE_EXTRA = 'extra_args: ["--trust-remote-code"]'
 assert REFERENCE_YAML.count(REFERENCE_EXTRA) == 1 and REFERENCE_YAML.count("env: {}") == 1
-# The reference configuration with an API key given both ways and a token in a URL.
+# The reference configuration with an API key given both ways and a token in a URL (in a
+# comment: no variable the lab permits takes a URL, lab/env_policy.yaml).
 SECRET_YAML = (REFERENCE_YAML
-               .replace("env: {}", f'env: {{VLLM_API_KEY: "{ENV_KEY}", '
-                                   f'NCCL_DEBUG_SUBSYS: "https://ci:{URL_TOKEN}@mirror.example/x"}}')
+               .replace("env: {}", f'env: {{VLLM_API_KEY: "{ENV_KEY}"}}  '
+                                   f'# as on https://ci:{URL_TOKEN}@mirror.example/x')
                .replace(REFERENCE_EXTRA,
                         f"extra_args: [--trust-remote-code, --api-key, {KEY}]  # the production key"))
 SECRET_COMMAND = (f"VLLM_API_KEY={ENV_KEY} vllm serve /models/kimi-k2 \\\n"
@@ -195,7 +196,8 @@ def test_the_tuned_files_keep_the_flag_masked_and_ask_for_the_key_back(db: None)
     for text in (command, file):
         assert MASKED_KEY in text and MASKED_ENV_KEY in text
         assert "--api-key ••••" in text or "- ••••" in text
-        assert text.count("your own value goes here") == 3  # the flag, the variable, the URL's
+        # The flag and the variable (the URL's token sits in a comment, which these drop).
+        assert text.count("your own value goes here") == 2
     # The command still launches the same configuration, the mask where the key was: no
     # made-up key.
     assert parse_command(command)["extra_args"] == ["--trust-remote-code", "--api-key", MASKED_KEY]

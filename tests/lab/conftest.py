@@ -28,12 +28,17 @@ SSHD = sshd_binary()  # None without openssh-server (or with SSHD_PATH naming no
 ENGINE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def write_agent_config(path: Path, engine_path: str = ENGINE_PATH) -> Path:
+def write_agent_config(path: Path, engine_path: str = ENGINE_PATH,
+                       cache_dir: Path | None = None) -> Path:
     """The node config (lab/agent/README.md) for agents these tests run: the engine runs
     as the user running the tests. When that is root, that is the explicit opt-in a
-    container needs; on a real node engine_user names an unprivileged service user."""
+    container needs; on a real node engine_user names an unprivileged service user.
+    `cache_dir` is the node's cache volume (the inventory's), when not the default."""
     me = pwd.getpwuid(os.geteuid()).pw_name
-    path.write_text(json.dumps({"engine_user": me, "engine_path": engine_path}))
+    config: dict[str, str] = {"engine_user": me, "engine_path": engine_path}
+    if cache_dir is not None:
+        config["cache_dir"] = str(cache_dir)
+    path.write_text(json.dumps(config))
     return path
 
 
@@ -172,7 +177,7 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
     server = Sshd(root, port, host_key, client_key, known_hosts, root / "bin")
     # The node's engines are found on its fixed engine PATH, which holds the test's bin.
-    write_agent_config(root / "agent.json", f"{server.bin_dir}:{ENGINE_PATH}")
+    write_agent_config(root / "agent.json", f"{server.bin_dir}:{ENGINE_PATH}", root / "cache")
     server.start()
     try:
         yield server

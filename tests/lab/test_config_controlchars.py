@@ -108,9 +108,9 @@ def test_yaml_escapes_cannot_smuggle_a_control_character(escape: str, named: str
 
 # -- a pasted command ---------------------------------------------------------------------------
 def test_a_pasted_command_keeps_its_lines_and_tabs() -> None:
-    command = ("VLLM_USE_FLASHINFER_MOE_FP4=1 \\\r\n\tvllm serve /models/kimi-k2 \\\n"
+    command = ("VLLM_USE_DEEP_GEMM=1 \\\r\n\tvllm serve /models/kimi-k2 \\\n"
                "\t--served-model-name moonshotai/Kimi-K2-Instruct-0905")
-    assert normalize_config({"launch_command": command})["env"] == {"VLLM_USE_FLASHINFER_MOE_FP4": "1"}
+    assert normalize_config({"launch_command": command})["env"] == {"VLLM_USE_DEEP_GEMM": "1"}
 
 
 @pytest.mark.parametrize("char, named", [c for c in CONTROLS if c[0] not in "\t\n\r"])

@@ -41,6 +41,15 @@ def with_(**fields: Any) -> dict[str, Any]:
     return normalize_config(config)
 
 
+def stored(**fields: Any) -> dict[str, Any]:
+    """A configuration as a record may hold it without today's intake: one stored before
+    the environment became an exact list (lab/env_policy.yaml refuses these variables and
+    values now). Masking does not depend on intake having refused them."""
+    config = copy.deepcopy(REFERENCE)
+    config.update(fields)
+    return config
+
+
 # (what carries the secret, the configuration, the secret, where its mask must be)
 CARRIERS: list[tuple[str, dict[str, Any], str, Any]] = [
     ("--api-key VALUE", with_(extra_args=["--api-key", KEY]), KEY,
@@ -51,11 +60,11 @@ CARRIERS: list[tuple[str, dict[str, Any], str, Any]] = [
      lambda c: c["extra_args"][1]),
     ("VLLM_API_KEY", with_(env={"VLLM_API_KEY": ENV_KEY}), ENV_KEY,
      lambda c: c["env"]["VLLM_API_KEY"]),
-    ("a credential variable", with_(env={"SGLANG_S3_SECRET_ACCESS_KEY": ENV_KEY}), ENV_KEY,
+    ("a credential variable", stored(env={"SGLANG_S3_SECRET_ACCESS_KEY": ENV_KEY}), ENV_KEY,
      lambda c: c["env"]["SGLANG_S3_SECRET_ACCESS_KEY"]),
-    ("a token in a URL's userinfo", with_(env={"NCCL_DEBUG_SUBSYS": f"https://ci:{KEY}@mirror.example/x"}),
+    ("a token in a URL's userinfo", stored(env={"NCCL_DEBUG_SUBSYS": f"https://ci:{KEY}@mirror.example/x"}),
      KEY, lambda c: c["env"]["NCCL_DEBUG_SUBSYS"].split(":")[2].split("@")[0]),
-    ("a token in a URL's query", with_(env={"NCCL_DEBUG_SUBSYS": f"https://mirror.example/x?token={KEY}&v=1"}),
+    ("a token in a URL's query", stored(env={"NCCL_DEBUG_SUBSYS": f"https://mirror.example/x?token={KEY}&v=1"}),
      KEY, lambda c: c["env"]["NCCL_DEBUG_SUBSYS"].split("token=")[1].split("&")[0]),
 ]
 
@@ -83,8 +92,8 @@ def test_a_short_secret_shows_no_characters_and_no_key_is_no_secret() -> None:
 
 
 def test_harmless_names_that_look_alike_are_left_alone() -> None:
-    config = with_(env={"SGLANG_USE_AITER_FP8_PER_TOKEN": "1", "CUDA_IPC_FEATURE_COPY_EVENT_KEY": "7",
-                        "VLLM_MAX_TOKENS_PER_EXPERT_FP4_MOE": "4096"},
+    config = stored(env={"SGLANG_USE_AITER_FP8_PER_TOKEN": "1", "CUDA_IPC_FEATURE_COPY_EVENT_KEY": "7",
+                         "VLLM_MAX_TOKENS_PER_EXPERT_FP4_MOE": "4096"},
                    extra_args=["--max-num-batched-tokens", "8192", "--tokenizer-mode", "auto"])
     assert mask_config(config) == config
     assert config_secrets(config) == []

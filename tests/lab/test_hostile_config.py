@@ -220,8 +220,8 @@ def test_remote_code_is_judged_on_every_file_the_configuration_loads(extra: list
 def test_what_the_lab_holds_is_accepted() -> None:
     config = normalize_config({
         **reference(),
-        "env": {"NCCL_SOCKET_IFNAME": "eth0", "VLLM_USE_FLASHINFER_MOE_FP4": "1",
-                "OMP_NUM_THREADS": 8, "CUDA_VISIBLE_DEVICES": "0", "UCX_NET_DEVICES": "mlx5_0:1"},
+        "env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1",
+                "VLLM_USE_DEEP_GEMM": "1", "OMP_NUM_THREADS": 8},
         "extra_args": ["--trust-remote-code", "--tokenizer", "moonshotai/Kimi-K2-Instruct-0905",
                        "--chat-template", "/models/kimi-k2/chat_template.jinja",
                        "--generation-config", "auto", "--compilation-config", '{"level": 3}'],

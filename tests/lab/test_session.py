@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from lab.config import ConfigError
 from lab.engines import normalize_config
-from lab.session import LabSession, LaunchFailed, spec_sha256
+from lab.session import AgentError, LabSession, LaunchFailed, spec_sha256
 
 from .conftest import Sshd
 
@@ -30,11 +31,11 @@ port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 
 with open(os.path.join(os.getcwd(), "engine-argv.json"), "w") as fh:
     env = {{k: v for k, v in os.environ.items() if k.startswith(("NCCL", "VLLM"))}}
     json.dump({{"argv": sys.argv, "env": env}}, fh)
-if os.environ.get("VLLM_FAKE_ENGINE_FAIL"):
+if os.path.exists("fail-with"):
     # As vLLM refuses a KV cache that cannot hold one request: an uncaught exception, whose
     # traceback Python prints on stderr (the agent sends it to the log) before exiting 1.
     print("INFO 10-11 10:42:13 [gpu_worker.py:298] Available KV cache memory: 0.37 GiB", flush=True)
-    raise ValueError("not enough memory for KV cache: " + os.environ["VLLM_FAKE_ENGINE_FAIL"])
+    raise ValueError("not enough memory for KV cache: " + open("fail-with").read())
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
@@ -94,12 +95,13 @@ def test_a_hostile_configuration_value_reaches_the_engine_as_one_literal_argumen
 ) -> None:
     config = one_node_config()
     config["model"]["id"] = "$(touch owned)"  # type: ignore[index]
-    config["env"] = {"NCCL_SOCKET_IFNAME": "; rm -rf ~ ; touch owned"}
+    # An env value is held to its rule (an interface name here): only argv text is free.
+    config["env"] = {"NCCL_SOCKET_IFNAME": "lo"}
     result = session.launch(config, cold=False, timeout_s=60)
     assert result.endpoint == f"http://127.0.0.1:{session.inventory.head.api_port}"
     seen = json.loads((Path(session.inventory.head.work_dir) / "engine-argv.json").read_text())
     assert "$(touch owned)" in seen["argv"]
-    assert seen["env"]["NCCL_SOCKET_IFNAME"] == "; rm -rf ~ ; touch owned"
+    assert seen["env"]["NCCL_SOCKET_IFNAME"] == "lo"
     assert not list(sshd.root.rglob("owned"))
     assert not (Path.home() / "owned").exists()
     assert result.cold_start_s > 0
@@ -109,7 +111,9 @@ def test_a_hostile_configuration_value_reaches_the_engine_as_one_literal_argumen
 def test_a_launch_that_dies_says_what_the_engine_said(session: LabSession) -> None:
     config = one_node_config()
     why = "the estimated maximum model length is 1863"
-    config["env"] = {"VLLM_FAKE_ENGINE_FAIL": why}
+    work = Path(session.inventory.head.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "fail-with").write_text(why)  # the stand-in engine's cue to fail
     with pytest.raises(LaunchFailed) as info:
         session.launch(config, cold=False, timeout_s=60)
     failed = info.value
@@ -181,3 +185,79 @@ def test_an_engine_started_with_observation_env_serves_the_configuration_without
     # Any other variable is another configuration.
     other = {**ours, "env": {**(ours.get("env") or {}), "NCCL_DEBUG": "WARN"}}
     assert session.serving_state(other).other_nodes == ["node-a"]
+
+
+# -- the environment on the node ------------------------------------------------------------
+# The agent is pushed with the lab's environment policy inside it: a launch spec written by
+# anything but the platform's intake is held to the same list and value rules there.
+HOSTILE_ENV = [
+    ("UCX_GDB_COMMAND", "bash -c 'touch owned'"),
+    ("UCX_HANDLE_ERRORS", "debug"),
+    ("TRITON_CACHE_MANAGER", "os:system"),
+    ("NCCL_COMM_ID", "10.0.0.1:1234"),
+    ("VLLM_DP_MASTER_IP", "10.0.0.1"),
+    ("VLLM_SERVER_DEV_MODE", "1"),
+    ("CUDA_VISIBLE_DEVICES", ""),
+    ("LD_PRELOAD", "/tmp/x.so"),
+    ("NCCL_SOCKET_IFNAME", "; rm -rf ~ ; touch owned"),
+    ("OMP_NUM_THREADS", "0"),
+    ("VLLM_CACHE_ROOT", "/etc"),
+    ("VLLM_CACHE_ROOT", "CACHE/../../etc"),
+    ("VLLM_CACHE_ROOT", "CACHE/escape/vllm"),  # a symbolic link out of the volume
+]
+
+
+def hand_written_spec(session: LabSession, env: dict[str, str]) -> str:
+    """A launch spec placed on the node without the platform's intake, as the platform's
+    own would be for one_node_config() but with `env`; its path on the node."""
+    spec = {**session.uploaded_specs(one_node_config())[0], "env": env}
+    node = session.inventory.head
+    path = f"{node.work_dir}/launch/hand.json"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(spec))
+    return path
+
+
+@pytest.mark.parametrize(("name", "value"), HOSTILE_ENV, ids=[f"{n}={v}" for n, v in HOSTILE_ENV])
+def test_a_spec_written_by_other_means_is_refused_by_the_agent(
+        session: LabSession, sshd: Sshd, name: str, value: str) -> None:
+    cache = sshd.root / "cache"
+    cache.mkdir(exist_ok=True)
+    escape = cache / "escape"
+    if not escape.is_symlink():
+        escape.symlink_to(sshd.root / "models")
+    value = value.replace("CACHE", str(cache))
+    # Intake refuses it first, with the variable's name.
+    with pytest.raises(ConfigError) as refused:
+        normalize_config({**one_node_config(), "env": {name: value}})
+    assert refused.value.field == f"env.{name}"
+    session.push_agent()
+    path = hand_written_spec(session, {name: value})
+    with pytest.raises(AgentError) as info:
+        session.agent("node-a", "launch", "--spec", path)
+    assert info.value.code == "invalid_spec"
+    assert info.value.message.startswith(f"spec.env.{name}:"), info.value.message
+    if "escape" in value:  # inside the volume as written; outside once resolved on the node
+        assert "symbolic link" in info.value.message
+    assert not (Path(session.inventory.head.work_dir) / "engine-argv.json").exists()
+    assert not list(sshd.root.rglob("owned"))
+
+
+def test_the_agent_names_the_list_when_it_refuses_a_variable(session: LabSession) -> None:
+    session.push_agent()
+    path = hand_written_spec(session, {"VLLM_TUNED_CONFIG_FOLDER": "/tmp/x"})
+    with pytest.raises(AgentError) as info:
+        session.agent("node-a", "launch", "--spec", path)
+    message = info.value.message
+    assert "is not a variable the lab permits for vLLM 0.34.0; permitted: " in message
+    for name in ("NCCL_SOCKET_IFNAME", "VLLM_API_KEY", "VLLM_CACHE_ROOT", "OMP_NUM_THREADS"):
+        assert name in message
+
+
+def test_the_platforms_own_cache_paths_pass_on_the_node(session: LabSession, sshd: Sshd) -> None:
+    # serving.jit_cache: persisted renders VLLM_CACHE_ROOT and FlashInfer's workspace inside
+    # the node's cache volume, which the node's agent config names.
+    config = one_node_config(jit_cache="persisted")
+    session.launch(config, cold=False, timeout_s=60)
+    seen = json.loads((Path(session.inventory.head.work_dir) / "engine-argv.json").read_text())
+    assert seen["env"]["VLLM_CACHE_ROOT"] == f"{sshd.root / 'cache'}/vllm"

@@ -36,6 +36,9 @@ from lab.engines.tables import release
 # No version has a backend by this name: asking for it makes argparse list the real ones.
 UNKNOWN_BACKEND = "diag_probe_no_such_backend"
 # Variables a customer may believe pin an FP4 backend; no modelled version reads them.
+# Intake refuses them (lab/env_policy.yaml `superseded`: "vLLM 0.34.0 does not read
+# VLLM_NVFP4_GEMM_BACKEND; the FP4 linear backend is chosen by --linear-backend"); the stage
+# still notes and removes one that a configuration stored before that refusal carries.
 PIN_ENV = ("VLLM_NVFP4_GEMM_BACKEND", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND")
 FIELD_OF_LAYER = {"moe": "moe_backend", "linear": "linear_backend"}
 # The flag that chooses each layer's NVFP4 backend, per engine (a version may lack one).

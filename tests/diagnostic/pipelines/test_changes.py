@@ -9,7 +9,7 @@ CUSTOMER = normalize_config({
     "parallel": {"tp": 8},
     "speculative": {"method": "eagle3", "draft_model": "AQ-MedAI/Kimi-K2-Instruct-eagle3",
                     "num_speculative_tokens": 4},
-    "env": {"VLLM_USE_FLASHINFER_MOE_FP4": "1"},
+    "env": {"VLLM_USE_DEEP_GEMM": "1"},
 })
 
 
@@ -27,8 +27,8 @@ def test_it_applies_changes_in_order_and_keeps_the_original():
 
 
 def test_it_removes_an_env_variable_set_to_null():
-    tuned = apply_changes(CUSTOMER, [change("env.VLLM_USE_FLASHINFER_MOE_FP4", "1", None, finding="fp4.x")])
-    assert "VLLM_USE_FLASHINFER_MOE_FP4" not in tuned["env"]
+    tuned = apply_changes(CUSTOMER, [change("env.VLLM_USE_DEEP_GEMM", "1", None, finding="fp4.x")])
+    assert "VLLM_USE_DEEP_GEMM" not in tuned["env"]
 
 
 def test_it_renormalizes_a_whole_section_change():

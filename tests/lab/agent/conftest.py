@@ -1,5 +1,7 @@
 """Runs the real agent.py as a subprocess, the way the platform runs it on a node, and
-checks every answer against lab/agent/schema.json before a test looks at it."""
+checks every answer against lab/agent/schema.json before a test looks at it. The agent run
+is the one the platform pushes (lab.agent.agent_source: agent.py with the lab's environment
+policy written in), copied once per test process."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -15,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from lab.agent import AGENT_PATH, validate_response
+from lab.agent import agent_source, validate_response
 
 
 @dataclass
@@ -47,10 +50,24 @@ def agent_python_version() -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+_PUSHED: list[Path] = []
+
+
+def pushed_agent() -> Path:
+    """agent.py as the platform pushes it (with the environment policy), in a folder of
+    its own: what run_agent runs."""
+    if not _PUSHED:
+        path = Path(tempfile.mkdtemp(prefix="diag-pushed-agent-")) / "agent.py"
+        path.write_bytes(agent_source())
+        path.chmod(0o755)
+        _PUSHED.append(path)
+    return _PUSHED[0]
+
+
 def run_agent(*args: str, env: dict[str, str] | None = None, python: str | None = None,
               timeout: float = 60) -> Answer:
-    res = subprocess.run([python or agent_python(), str(AGENT_PATH), *args, "--json"], capture_output=True,
-                         text=True, timeout=timeout, env=env)
+    res = subprocess.run([python or agent_python(), str(pushed_agent()), *args, "--json"],
+                         capture_output=True, text=True, timeout=timeout, env=env)
     lines = res.stdout.splitlines()
     assert len(lines) == 1, f"expected one JSON line, got {res.stdout!r} (stderr {res.stderr!r})"
     envelope = json.loads(lines[0])
@@ -92,8 +109,8 @@ def work_dir(tmp_path: Path) -> Iterator[Path]:
 
 def write_spec(path: Path, argv: Sequence[str], log_file: str, env: dict[str, str] | None = None,
                **extra: Any) -> Path:
-    spec = {"schema": "lab.launch/1", "engine": "vllm", "node": "spark-01", "role": "head",
-            "rank": 0, "argv": list(argv), "env": env or {}, "log_file": log_file, **extra}
+    spec = {"schema": "lab.launch/1", "engine": "vllm", "version": "0.34.0", "node": "spark-01",
+            "role": "head", "rank": 0, "argv": list(argv), "env": env or {}, "log_file": log_file, **extra}
     path.write_text(json.dumps(spec))
     return path
 

@@ -14,7 +14,7 @@ from tests.lab.agent.conftest import proc_alive, read_pid_file, run_agent, wait_
 PRINT_ARGV_AND_ENV = (
     "import json, os, sys, time\n"
     "print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),\n"
-    "                  'probe': os.environ.get('VLLM_DIAG_PROBE'), 'path': os.environ.get('PATH'),\n"
+    "                  'probe': os.environ.get('VLLM_API_KEY'), 'path': os.environ.get('PATH'),\n"
     "                  'env': sorted(os.environ)}),\n"
     "      flush=True)\n"
     "print('to stderr', file=sys.stderr, flush=True)\n"
@@ -35,7 +35,7 @@ def _spec_sha256(work_dir: Path) -> str:
 
 def test_it_runs_the_argv_without_a_shell_and_adds_the_spec_env(work_dir: Path) -> None:
     data = _launch(work_dir, [sys.executable, "-c", PRINT_ARGV_AND_ENV, *HOSTILE],
-                   env={"VLLM_DIAG_PROBE": "$HOME is not expanded"})
+                   env={"VLLM_API_KEY": "$HOME is not expanded"})
     log = Path(data["log_file"])
     assert log == work_dir / "logs" / "engine.log"
     assert wait_until(lambda: log.exists() and "to stderr" in log.read_text())

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,15 +18,16 @@ from pathlib import Path
 import pytest
 
 import lab.config
+import lab.env_policy
 from lab.agent import AGENT_PATH, validate_response
-from tests.lab.agent.conftest import Answer, run_agent, wait_until, write_spec
+from tests.lab.agent.conftest import Answer, pushed_agent, run_agent, wait_until, write_spec
 
 NOBODY = 65534
 SHOW_USER_AND_ENV = ["/bin/sh", "-c", "id -u; env"]
 
 
-def load_agent_module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("node_agent", AGENT_PATH)
+def load_agent_module(path: Path = AGENT_PATH):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("node_agent", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -94,7 +96,9 @@ def test_argv0_is_looked_up_on_the_engine_path_not_the_agents(work_dir: Path, tm
 
 @pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PATH", "PYTHONPATH",
                                   "HF_ENDPOINT", "HTTPS_PROXY", "NCCL_NET_PLUGIN", "UCX_MODULE_DIR",
-                                  "DIAG_ANYTHING"])
+                                  "DIAG_ANYTHING", "UCX_GDB_COMMAND", "TRITON_CACHE_MANAGER",
+                                  "NCCL_COMM_ID", "VLLM_DP_MASTER_IP", "VLLM_SERVER_DEV_MODE",
+                                  "CUDA_VISIBLE_DEVICES"])
 def test_a_spec_that_sets_a_refused_variable_is_invalid(name: str, work_dir: Path) -> None:
     path = write_spec(work_dir / "spec.json", ["true"], "engine.log", env={name: "x"})
     ans = run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir))
@@ -155,18 +159,38 @@ def test_a_malformed_node_config_refuses_the_launch(config: str, says: str, work
     assert says in ans.error["message"]
 
 
-def test_the_agent_and_the_platform_allow_the_same_variables() -> None:
-    agent = load_agent_module()
-    assert agent.ENV_FAMILIES == lab.config.ENV_FAMILIES
-    assert agent.ENV_NAMES == lab.config.ENV_NAMES
-    assert agent.ENV_REFUSED_WORDS == lab.config.ENV_REFUSED_WORDS
-    assert agent.JIT_CACHE_ENV == lab.config.JIT_CACHE_ENV
+def test_the_pushed_agent_holds_the_platforms_policy() -> None:
+    agent = load_agent_module(pushed_agent())
+    assert agent.env_policy() == lab.env_policy.compiled_policy()
+    # The file in the repository holds none: a copy that was not pushed sets no variable.
+    assert load_agent_module(AGENT_PATH).env_policy() is None
     names = ["NCCL_IB_HCA", "VLLM_USE_FLASHINFER_MOE_FP4", "OMP_NUM_THREADS", "LD_PRELOAD",
              "PATH", "PYTHONPATH", "HF_TOKEN", "NCCL_NET_PLUGIN", "VLLM_HOST_IP", "CUDA_HOME",
-             "TORCH_CUDA_ARCH_LIST", "http_proxy", "SGL_ENABLE_JIT_DEEPGEMM"]
-    for name in names:
-        platform_ok = lab.config.env_name_problem(name) is None
-        assert (agent.env_name_problem(name) is None) == platform_ok, name
+             "TORCH_CUDA_ARCH_LIST", "http_proxy", "SGL_ENABLE_JIT_DEEPGEMM", "VLLM_API_KEY",
+             "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE"]
+    for engine, version in (("vllm", "0.29.0"), ("vllm", "0.34.0"), ("sglang", "0.5.12"),
+                            ("sglang", "0.5.23")):
+        on_node = agent.permitted_env(agent.env_policy(), engine, version)
+        for name in names:
+            platform_ok = lab.config.env_name_problem(name, engine, version) is None
+            # The node also takes the platform's own JIT cache variables, which intake
+            # refuses in a configuration (serving.jit_cache sets them).
+            own = name in lab.config.JIT_CACHE_ENV
+            assert (name in on_node) == (platform_ok or own), (engine, version, name)
+
+
+def test_a_copy_that_was_not_pushed_launches_no_spec_that_sets_a_variable(work_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    copy = tmp_path / "agent.py"
+    shutil.copyfile(AGENT_PATH, copy)
+    path = write_spec(work_dir / "spec.json", ["true"], "engine.log",
+                      env={"NCCL_SOCKET_IFNAME": "eth0"})
+    res = subprocess.run([sys.executable, str(copy), "launch", "--spec", str(path),
+                          "--work-dir", str(work_dir), "--json"], capture_output=True, text=True,
+                         timeout=60)
+    error = json.loads(res.stdout)["error"]
+    assert error["code"] == "invalid_spec"
+    assert error["message"].startswith("spec.env: this agent.py holds no environment policy")
 
 
 def run_as_nobody(agent: Path, *args: str, **env: str) -> dict[str, object]:

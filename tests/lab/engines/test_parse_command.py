@@ -32,10 +32,9 @@ def test_continuations_quoting_and_env_prefixes_are_understood() -> None:
 
 def test_export_lines_comments_and_prompts_are_read() -> None:
     config = parse_command("# our launch\n"
-                           "$ export VLLM_USE_FLASHINFER_MOE_FP4=1\n"
-                           "export VLLM_NVFP4_GEMM_BACKEND=cutlass; vllm serve /models/kimi-k2  # head\n")
-    assert config["env"] == {"VLLM_NVFP4_GEMM_BACKEND": "cutlass",
-                             "VLLM_USE_FLASHINFER_MOE_FP4": "1"}
+                           "$ export VLLM_USE_DEEP_GEMM=1\n"
+                           "export NCCL_DEBUG=WARN; vllm serve /models/kimi-k2  # head\n")
+    assert config["env"] == {"NCCL_DEBUG": "WARN", "VLLM_USE_DEEP_GEMM": "1"}
     assert config["model"]["path"] == "/models/kimi-k2"
 
 

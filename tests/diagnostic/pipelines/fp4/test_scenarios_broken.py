@@ -1,48 +1,39 @@
 """The FP4 stage when the obvious fix is not available: a backend the customer believes is
-pinned through an environment variable the version does not read, and a usual replacement
-that is itself broken (test_scenarios_names.py has labs with other backend names)."""
+pinned through an environment variable the version does not read (refused at intake now,
+naming the flag), and a usual replacement that is itself broken (test_scenarios_names.py
+has labs with other backend names)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from diagnostic.pipelines.changes import apply_changes
+import pytest
+
+from diagnostic.pipelines.fp4.backends import PIN_ENV
+from lab.config import ConfigError
 
 from .labs import config, run_and_relaunch_tuned, scenario
 
 
-def test_a_pin_through_the_environment_chooses_nothing_and_the_fix_removes_it(tmp_path: Path) -> None:
-    # The customer believes the variable pins CUTLASS; vLLM 0.34.0 reads no such variable
-    # (it warns and goes on), so its default rule runs the broken FlashInfer path.
-    scn = scenario(default="flashinfer_cutlass", broken=["flashinfer_cutlass"])
-    cfg = config(env={"VLLM_NVFP4_GEMM_BACKEND": "cutlass"})
-    result = run_and_relaunch_tuned(tmp_path, scn, cfg)
-    fp4 = result["section"]
-    assert fp4["verdict"] == "garbage"
-    assert fp4["backend_before"] == "flashinfer_cutlass"  # from the log, not the configuration
-    assert any("VLLM_NVFP4_GEMM_BACKEND" in n and "Unknown vLLM environment variable detected" in n
-               for n in fp4["notes"])
-    assert fp4["backend_after"] == "cutlass"
-    paths = {c["path"]: c["to"] for c in result["config_changes"]}
-    assert paths == {"serving.moe_backend": "cutlass", "env.VLLM_NVFP4_GEMM_BACKEND": None}
-    assert "VLLM_NVFP4_GEMM_BACKEND" not in apply_changes(cfg, result["config_changes"])["env"]
-    finding = result["findings"][0]
-    assert finding["change"]["env"] == {"VLLM_NVFP4_GEMM_BACKEND": None}
-    assert finding["change"]["flags"] == ["--moe-backend", "cutlass"]
-    assert result["tuned_backends"][0] == "cutlass"
-
-
-def test_a_pin_through_the_environment_leaves_a_sound_default_sound(tmp_path: Path) -> None:
-    # The variable means FlashInfer to the customer, who would get the broken path if it
-    # were read; it is not, and the engine's own default (CUTLASS here) is what runs.
-    scn = scenario(default="cutlass", broken=["flashinfer_cutlass"])
-    cfg = config(env={"VLLM_USE_FLASHINFER_MOE_FP4": "1"})
-    result = run_and_relaunch_tuned(tmp_path, scn, cfg)
-    fp4 = result["section"]
-    assert fp4["verdict"] == "correct" and fp4["backend_before"] == "cutlass"
-    assert result["findings"] == [] and result["config_changes"] == []
-    assert any(n.startswith("VLLM_USE_FLASHINFER_MOE_FP4 in the configuration's environment")
-               for n in fp4["notes"])
+@pytest.mark.parametrize("version", ["0.29.0", "0.34.0"])
+@pytest.mark.parametrize(("name", "value", "flag"), [
+    ("VLLM_NVFP4_GEMM_BACKEND", "cutlass", "--linear-backend"),
+    ("VLLM_USE_FLASHINFER_MOE_FP4", "1", "--moe-backend"),
+    ("VLLM_FLASHINFER_MOE_BACKEND", "latency", "--moe-backend"),
+])
+def test_a_pin_through_the_environment_is_refused_at_intake_naming_the_flag(
+        name: str, value: str, flag: str, version: str) -> None:
+    # The customer believes the variable pins a backend; the version reads no such variable
+    # (its release table says so), so intake says which flag chooses the backend instead of
+    # letting the engine warn and run its default rule. Before issue 29 such a pin was
+    # accepted and the FP4 stage found it in the log and removed it (backend_changes still
+    # removes one from a configuration stored before).
+    assert name in PIN_ENV
+    with pytest.raises(ConfigError) as refused:
+        config(env={name: value}, engine={"name": "vllm", "version": version})
+    assert refused.value.field == f"env.{name}"
+    assert refused.value.problem.startswith(f"vLLM {version} does not read {name}; ")
+    assert f"is chosen by {flag}" in refused.value.problem
 
 
 def test_the_usual_replacements_are_themselves_broken(tmp_path: Path) -> None:

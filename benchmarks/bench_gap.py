@@ -128,6 +128,12 @@ def _one(seed: int, dilation: float) -> dict[str, Any]:
         "lab_time_s": result["lab_time_s"],
         "exhaustive_lab_s_estimate": round(exhaustive_s, 1) if exhaustive_s is not None else 0.0,
         "wall_s": round(time.time() - t0, 1),
+        # Every measurement's samples (outliers flagged), so that a miss can be read afterwards
+        # without running the seed again: its stalls are the wall clock's and do not repeat.
+        "current": section.get("current"),
+        "gap": section.get("gap"),
+        "steps": section["steps"],
+        "checked": section["checked"],
     }
 
 

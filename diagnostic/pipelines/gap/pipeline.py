@@ -11,11 +11,14 @@ Decode. The current rates come from runs already taken on this very configuratio
 the protocol was the same (the speculative stage's confirmation runs of the deployed
 setting: n = 15, two warm-ups, 192 tokens); otherwise it is measured with that protocol.
 A calibrated baseline's rates (n = 15 a workload, kept with it) say whether the current
-rate is significantly below (Welch); only then is anything restarted. Every candidate is
+rate is significantly below; only then is anything restarted. Every candidate is
 applied at once and measured; if that gains, delta debugging (search.py) finds which
 differences carry the gain, screening groups with five short runs a workload; each one
 reported is proved alone with fresh n = 15 runs against the current configuration
-(Welch's 95 % interval, Bonferroni over the workloads). Without a baseline of the lab's own
+(Welch's 95 % interval, Bonferroni over the workloads). Every test is Welch's on 20 %
+trimmed means (search.trimmed_welch), so that one run a stall made absurd does not decide
+it (search.py says why), and a finding reports the trimmed means and the interval it was
+proved on, beside the plain means and Welch's interval over all runs. Without a baseline of the lab's own
 the firm's best-known configuration stands in, and the measurement of every difference
 applied at once is both its rate on this lab and the stage's first comparison.
 
@@ -41,7 +44,18 @@ from typing import TYPE_CHECKING, Any
 
 from diagnostic.pipelines.changes import Change, apply_changes
 from diagnostic.pipelines.gap.candidates import Candidate, diff, search_order, with_candidates
-from diagnostic.pipelines.gap.search import ALPHA, Outcome, OutOfBudget, Runs, delta_debug, improves, prove
+from diagnostic.pipelines.gap.search import (
+    ALPHA,
+    TEST_NAME,
+    TRIM,
+    Outcome,
+    OutOfBudget,
+    Runs,
+    delta_debug,
+    improves,
+    prove,
+    trimmed_welch,
+)
 from diagnostic.pipelines.specdec.pipeline import CONFIRM, SCREEN, Protocol
 from diagnostic.pipelines.stats import summarize, t_interval, welch
 
@@ -170,8 +184,12 @@ class Step:
 
 
 def _rate_summary(samples: Sequence[float]) -> dict[str, Any]:
+    """A step's runs on one workload: mean and interval of all runs, the runs themselves and
+    which are flagged as outliers (kept: the reader sees what a stall did, and the tests'
+    trimming, not the flag, decides how much they weigh)."""
     s = summarize(samples)
-    return {"n": s["n"], "mean_tps": s["mean"], "ci95": s["ci95"], "samples": s["samples"]}
+    return {"n": s["n"], "mean_tps": s["mean"], "ci95": s["ci95"], "samples": s["samples"],
+            "outliers": s["outliers"]}
 
 
 def _cold_summary(samples: Sequence[float]) -> dict[str, Any]:
@@ -341,7 +359,7 @@ def _words(after: Runs, before: Runs, better: str) -> str:
         base = before.get(metric) or ()
         if len(samples) < 2 or len(base) < 2:
             continue
-        t = welch(list(samples), list(base))
+        t = trimmed_welch(samples, base)
         unit = "tok/s" if better == "higher" else "s"
         parts.append(f"{metric} {t['diff']:+.2f} {unit} [{t['ci95'][0]:+.2f}, {t['ci95'][1]:+.2f}]")
     return "; ".join(parts)
@@ -391,10 +409,11 @@ def run_gap(
                      "alpha": ALPHA,
                      "restart": "warm for decode (page cache and JIT cache kept); true cold starts for "
                                 "the cold-start search",
-                     "decision": "Welch's test; a group is searched further when its runs are "
-                                 "significantly better than the current configuration's on some "
-                                 "workload; a difference is proved alone with fresh runs, better at "
-                                 "5 % divided by the number of workloads and worse on none"},
+                     "decision": f"{TEST_NAME}, robust to a run a stall made absurd; a group is "
+                                 "searched further when its runs are significantly better than the "
+                                 "current configuration's on some workload; a difference is proved "
+                                 "alone with fresh runs, better at 5 % divided by the number of "
+                                 "workloads and worse on none"},
     }
     if baseline is None:
         section["summary"] = f"Nothing to compare: {no_baseline_why or 'no baseline'}."
@@ -491,10 +510,11 @@ def _decode_search(lab: _Lab, config: Mapping[str, Any], baseline: GapBaseline,
             theirs = baseline.samples(w)
             if len(theirs) < 2 or len(current.get(w) or ()) < 2:
                 continue
-            t = welch(list(current[w]), theirs)
+            t = trimmed_welch(current[w], theirs)
             gap[w] = {"current_tps": round(t["mean_a"], 4), "baseline_tps": round(t["mean_b"], 4),
                       "diff_tps": round(t["diff"], 4), "ci95": [round(x, 4) for x in t["ci95"]],
-                      "p": t["p"], "below": bool(t["different"] and t["diff"] < 0)}
+                      "p": t["p"], "below": bool(t["different"] and t["diff"] < 0),
+                      "estimate": f"{TRIM * 100:.0f} % trimmed mean"}
             if gap[w]["below"]:
                 below.append(w)
         section["gap"] = gap
@@ -604,11 +624,20 @@ def _prove_all(lab: _Lab, config: Mapping[str, Any], baseline: GapBaseline, by_p
 
 
 def _impact(metric: str, before: Sequence[float], after: Sequence[float], better: str) -> dict[str, Any]:
-    t = welch(list(after), list(before))
-    return {"metric": metric, "before": round(statistics.fmean(before), 4),
-            "after": round(statistics.fmean(after), 4), "ci95": [round(x, 4) for x in t["ci95"]],
-            "p": t["p"], "n_before": len(before), "n_after": len(after), "better": better,
-            "unit": "tok/s" if better == "higher" else "s"}
+    """The change as it was proved: before and after are the trimmed means the test compared
+    and ci95 its interval, so that after - before is the interval's centre and the money-back
+    rule reads the interval the decision rests on. `all_runs` keeps the plain means and
+    Welch's interval over every run, stalled ones included, so nothing is hidden."""
+    t = trimmed_welch(after, before)
+    plain = welch(list(after), list(before))
+    return {"metric": metric, "before": round(t["mean_b"], 4), "after": round(t["mean_a"], 4),
+            "ci95": [round(x, 4) for x in t["ci95"]], "p": t["p"], "n_before": len(before),
+            "n_after": len(after), "better": better, "unit": "tok/s" if better == "higher" else "s",
+            "estimate": f"{TRIM * 100:.0f} % trimmed mean" if any(t["trimmed"]) else "mean",
+            "test": TEST_NAME if any(t["trimmed"]) else "Welch's test",
+            "all_runs": {"before": round(statistics.fmean(before), 4),
+                         "after": round(statistics.fmean(after), 4),
+                         "ci95": [round(x, 4) for x in plain["ci95"]], "p": plain["p"]}}
 
 
 def _shown(value: Any) -> str:
@@ -637,13 +666,16 @@ def _finding(lab: _Lab, config: Mapping[str, Any], baseline: GapBaseline, candid
         on = [m for m in metrics if m in verdict["better_on"]]
         figures = "; ".join(f"{i['metric'][:-4]} {i['before']:.1f} → {i['after']:.1f} tok/s "
                             f"(change {i['ci95'][0]:+.1f} to {i['ci95'][1]:+.1f})" for i in impacts)
+        if any(i["estimate"] != "mean" for i in impacts):
+            figures += f"; {TRIM * 100:.0f} % trimmed means of {impacts[0]['n_before']} runs a side"
         title = f"{candidate.path}: {frm} → {to} (as in {source}) is faster on {' and '.join(on)}"
     else:
         i = impacts[0]
         figures = (f"cold start {i['before']:.0f} → {i['after']:.0f} s (change {i['ci95'][0]:+.0f} to "
                    f"{i['ci95'][1]:+.0f} s, {i['n_before']} and {i['n_after']} true cold starts)")
         title = f"{candidate.path}: {frm} → {to} (as in {source}) starts faster"
-    welch_tests = {m: {k: t[k] for k in ("diff", "ci95", "p", "dof")} for m, t in verdict["tests"].items()}
+    welch_tests = {m: {k: t[k] for k in ("diff", "ci95", "p", "dof", "trimmed")}
+                   for m, t in verdict["tests"].items()}
     finding: dict[str, Any] = {
         "code": code,
         "title": title,
@@ -701,7 +733,7 @@ def _cold_search(lab: _Lab, config: Mapping[str, Any], baseline: GapBaseline, ca
     if len(mine) < 2 or len(theirs) < 2:
         info["verdict"] = "not compared: fewer than two true cold starts on a side"
         return []
-    t = welch(mine, theirs)
+    t = trimmed_welch(mine, theirs)
     info["test"] = {"diff_s": round(t["diff"], 3), "ci95": [round(x, 3) for x in t["ci95"]], "p": t["p"]}
     if not (t["different"] and t["diff"] > 0):
         info["verdict"] = "not significantly slower than the baseline's"

@@ -20,7 +20,7 @@ from lab.session import LabSession
 REPO = Path(__file__).resolve().parents[4]
 SCENARIO = REPO / "lab" / "scenarios" / "reference-kimi-k2-8spark.yaml"
 CONFIG = REPO / "examples" / "configs" / "kimi-k2-8spark-outofbox.yaml"
-DILATION = 60
+DILATION = 120
 
 
 def scenario_file(tmp: Path, *, seed: int = 7, dilation: float = DILATION) -> Path:

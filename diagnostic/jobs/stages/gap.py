@@ -69,7 +69,9 @@ def _inventory(ctx: StageContext) -> str:
 
 def run(ctx: StageContext) -> dict[str, Any]:
     config: Mapping[str, Any] = ctx.config
-    baseline, why = resolve_baseline(ctx.session, config, inventory=_inventory(ctx), log=ctx.log)
+    preflight = ctx.earlier_result("preflight") or {}
+    baseline, why = resolve_baseline(ctx.session, config, inventory=_inventory(ctx), log=ctx.log,
+                                     facts=preflight.get("nodes") or None)
     runs, source = specdec_runs(ctx) if baseline is not None else (None, None)
     cold, cold_source = cold_starts(ctx)
     result = run_gap(

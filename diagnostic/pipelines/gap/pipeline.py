@@ -111,7 +111,8 @@ class GapBaseline:
 
 
 def resolve_baseline(session: LabSession, config: Mapping[str, Any], *, inventory: str,
-                     log: Log) -> tuple[GapBaseline | None, str | None]:
+                     log: Log, facts: Mapping[str, Any] | None = None,
+                     ) -> tuple[GapBaseline | None, str | None]:
     """The baseline for `config` on the lab whose inventory is `inventory` (a path, or
     `sim:SCENARIO`): the lab's own when one is fresh (same engine version, same nodes);
     else the firm's best-known configuration for the model and node count, with the lab's
@@ -127,7 +128,9 @@ def resolve_baseline(session: LabSession, config: Mapping[str, Any], *, inventor
     nodes = int(config["cluster"]["nodes"])
     engine = str(config["engine"]["name"])
     version = str(config["engine"].get("version") or "")
-    fingerprint = lb.node_fingerprint(session.facts())
+    # The nodes' facts the day already collected (preflight keeps them) fingerprint the lab
+    # as well as asking every node again would.
+    fingerprint = lb.node_fingerprint(facts if facts else session.facts())
     lookup = lb.find_baseline(directory, model=model, nodes=nodes, engine=engine, version=version,
                               fingerprint=fingerprint)
     found = lookup.baseline

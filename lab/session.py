@@ -22,7 +22,7 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -517,6 +517,22 @@ class LabSession:
         """True when every node `config` uses runs an engine started from the spec this
         configuration renders for it, and the API answers /health."""
         return self.serving_state(config).serving
+
+    def relaunch_checked(self, config: Mapping[str, Any], *, timeout_s: float,
+                         on_retry: Callable[[str], None] | None = None) -> ServingState:
+        """Restart `config` warm and make sure every node then runs the spec it renders (its
+        hash, as each agent reports it): measuring otherwise would measure the previous
+        configuration under this one's name. One more restart when a node does not, after
+        `on_retry(reason)`; the state after the last launch is returned. Raises what
+        `launch` raises."""
+        self.launch(config, cold=False, timeout_s=timeout_s)
+        state = self.serving_state(config)
+        if not state.serving:
+            if on_retry is not None:
+                on_retry(state.reason)
+            self.launch(config, cold=False, timeout_s=timeout_s)
+            state = self.serving_state(config)
+        return state
 
     def launch(
         self, config: Mapping[str, Any], *, cold: bool = True, timeout_s: float = 3600.0

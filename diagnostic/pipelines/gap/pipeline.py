@@ -267,12 +267,9 @@ class _Lab:
         restarted = not state.serving
         try:
             if restarted:
-                self.session.launch(trial, cold=False, timeout_s=RESTART_TIMEOUT_LAB_S)
-                state = self.session.serving_state(trial)
-                if not state.serving:
-                    self.log(f"gap: after the restart {state.reason}; again")
-                    self.session.launch(trial, cold=False, timeout_s=RESTART_TIMEOUT_LAB_S)
-                    state = self.session.serving_state(trial)
+                state = self.session.relaunch_checked(
+                    trial, timeout_s=RESTART_TIMEOUT_LAB_S,
+                    on_retry=lambda why: self.log(f"gap: after the restart {why}; again"))
         except (LaunchFailed, LaunchTimeout) as exc:
             tail = getattr(exc, "log_tail", "") or ""
             error = failure_message(self.engine, tail, version=self.version) or str(exc)

@@ -503,16 +503,15 @@ class _Run:
         try:
             if restarted:
                 self.serving = None
-                self.session.launch(trial_config, cold=False, timeout_s=RESTART_TIMEOUT_LAB_S)
-                # Before measuring, every node must run the spec this trial renders (its hash,
-                # as each agent reports it): otherwise the runs would measure the previous
-                # setting under this one's name. One more restart when it does not.
-                state = self.session.serving_state(trial_config)
-                if not state.serving:
-                    mismatch = state.reason
-                    self.log(f"trial {index} ({phase}) {setting.label}: after the restart {mismatch}; again")
-                    self.session.launch(trial_config, cold=False, timeout_s=RESTART_TIMEOUT_LAB_S)
-                    state = self.session.serving_state(trial_config)
+                retried: list[str] = []
+
+                def again(why: str) -> None:
+                    retried.append(why)
+                    self.log(f"trial {index} ({phase}) {setting.label}: after the restart {why}; again")
+
+                state = self.session.relaunch_checked(trial_config, timeout_s=RESTART_TIMEOUT_LAB_S,
+                                                      on_retry=again)
+                mismatch = retried[0] if retried else None
         except (LaunchFailed, LaunchTimeout) as exc:
             from lab.engines import failure_message
 

@@ -38,7 +38,7 @@ def test_it_lists_stages_in_the_declared_order_whatever_order_they_registered_in
 def test_it_refuses_a_name_outside_the_declared_order_and_names_the_accepted_ones() -> None:
     reg = StageRegistry(STAGE_ORDER)
     with pytest.raises(ValueError, match="'tuning' is not in the declared stage order; accepted: "
-                                         "preflight, reproduce, triage, fp4, specdec, measure, report"):
+                                         "preflight, reproduce, triage, fp4, specdec, gap, measure, report"):
         reg.register("tuning", probe)
     assert reg.stages() == []
 

@@ -115,11 +115,12 @@ class FactsSession:
 FAST_DILATION = 150
 
 
-def fast_scenario(tmp_path: Path, source: Path) -> Path:
-    """A copy of a scenario file that runs at FAST_DILATION lab seconds per wall second:
-    a ten-minute cold start takes seconds, and lab-time figures stay what they are."""
+def fast_scenario(tmp_path: Path, source: Path, dilation: float = FAST_DILATION) -> Path:
+    """A copy of a scenario file that runs at `dilation` (FAST_DILATION unless a test needs
+    a slower clock to act mid-stage) lab seconds per wall second: a ten-minute cold start
+    takes seconds, and lab-time figures stay what they are."""
     data = yaml.safe_load(source.read_text())
-    data["dilation"] = FAST_DILATION
+    data["dilation"] = dilation
     path = tmp_path / source.name
     path.write_text(yaml.safe_dump(data))
     return path

@@ -30,6 +30,11 @@ from lab.sim.lab import SimLab
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO, REPO
 from tests.diagnostic.doubles import fast_scenario
 
+# Tests that act while a stage runs (kill its worker, cancel it) keep a slower lab clock
+# than fast_scenario's: reproduce's cold start lasts about eight wall seconds, room for the
+# action to land mid-stage, against about nineteen at the scenario file's own 30.
+MID_STAGE_DILATION = 75.0
+
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 STAGE_LEASE_S = 6
 
@@ -132,7 +137,7 @@ def test_a_worker_runs_a_queued_job_to_the_end(
 def test_a_job_survives_its_worker_being_killed_mid_stage(
     start_worker: Callable[[str], Worker], reference_config: ClusterConfiguration, tmp_path: Path
 ) -> None:
-    with SimLab(REFERENCE_SCENARIO, tmp_path / "labsim") as sim:
+    with SimLab(fast_scenario(tmp_path, REFERENCE_SCENARIO, MID_STAGE_DILATION), tmp_path / "labsim") as sim:
         lab = Lab.objects.create(name="worker-test-lab", inventory=str(sim.inventory_path))
         first = start_worker("first")
         with transaction.atomic():
@@ -227,7 +232,7 @@ def lab_traces(job: DiagnosticJob) -> list[str]:
 def test_after_a_staff_cancel_the_next_customer_finds_the_lab_clean(
     start_worker: Callable[[str], Worker], reference_config: ClusterConfiguration, tmp_path: Path
 ) -> None:
-    with SimLab(REFERENCE_SCENARIO, tmp_path / "labsim") as sim:
+    with SimLab(fast_scenario(tmp_path, REFERENCE_SCENARIO, MID_STAGE_DILATION), tmp_path / "labsim") as sim:
         lab = Lab.objects.create(name="cancel-lab", inventory=str(sim.inventory_path))
         worker = start_worker("cancel")
         with transaction.atomic():
@@ -259,7 +264,7 @@ def test_after_a_staff_cancel_the_next_customer_finds_the_lab_clean(
 def test_after_a_worker_killed_mid_stage_the_next_job_stops_what_it_left(
     start_worker: Callable[[str], Worker], reference_config: ClusterConfiguration, tmp_path: Path
 ) -> None:
-    with SimLab(REFERENCE_SCENARIO, tmp_path / "labsim") as sim:
+    with SimLab(fast_scenario(tmp_path, REFERENCE_SCENARIO, MID_STAGE_DILATION), tmp_path / "labsim") as sim:
         lab = Lab.objects.create(name="killed-lab", inventory=str(sim.inventory_path))
         first_worker = start_worker("doomed")
         with transaction.atomic():

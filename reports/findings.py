@@ -160,6 +160,7 @@ EVIDENCE_LABELS = {
     "data_nic_mbps_median": "Data NIC, median",
     "bootstrap_retries": "NCCL bootstrap retries",
     "nccl_ib_hca": "NCCL_IB_HCA",
+    "gloo_socket_ifname": "GLOO_SOCKET_IFNAME",
     "window_s": "Window examined",
     "loader": "Loader",
     "verdict": "Verdict of the FP4 check",

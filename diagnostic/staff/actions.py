@@ -98,13 +98,23 @@ def retry_stage(job: DiagnosticJob, stage_name: str) -> str:
     return f"Retrying {stage_name}" + (f", then {', '.join(rerun)}" if rerun else "") + "."
 
 
-def rerun_report(job: DiagnosticJob) -> str:
-    from diagnostic.staff.tasks import render_report_version
+def rerun_report(job: DiagnosticJob, *, by: Any = None) -> str:
+    from diagnostic.staff.rendering import RenderRefused, request_render
 
     if not job.is_terminal:
         raise ActionRefused("the report is written when the job ends; it is still running")
-    render_report_version.delay(str(job.pk))
-    return "A new report version is being written from the findings and the staff's edits."
+    try:
+        made = request_render(job, by=by)
+    except RenderRefused as exc:
+        raise ActionRefused(str(exc)) from None
+    if made.state == made.State.FAILED:
+        raise ActionRefused(f"the report could not be written: {made.error}")
+    if made.state == made.State.DONE:
+        return ("The report was written again from the findings and the staff's edits: "
+                + (f"version {made.version}, new, awaiting approval." if made.new_version
+                   else f"the same as version {made.version}, already kept."))
+    return ("A new report version is being written from the findings and the staff's edits; the report "
+            "review page shows its progress.")
 
 
 # -- a day held for a lab fault -------------------------------------------------------------

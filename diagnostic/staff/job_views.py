@@ -277,7 +277,7 @@ def job_action(request: HttpRequest, job_id: Any, action: str) -> HttpResponse:
         elif action == "move":
             said = actions.move_held(job, request.POST.get("day", ""), actor=request.user)
         else:
-            said = actions.rerun_report(job)
+            said = actions.rerun_report(job, by=request.user)
     except actions.ActionRefused as exc:
         messages.error(request, str(exc))
     else:

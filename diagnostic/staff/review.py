@@ -6,6 +6,7 @@ it to the portal and emails it to the booking's contacts once per version.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +26,10 @@ from diagnostic.jobs.report import (
     version_message,
 )
 from reports.email import send_report_email
+from reports.findings import EVIDENCE_LABELS
 from reports.models import first_sent_at, overrides_for
 from reports.moneyback import MoneyBackDecision, assess, report_deadline
+from reports.structure import humanize, value_text
 
 TITLE_MAX = 300
 TEXT_MAX = 4000
@@ -94,20 +97,45 @@ def _leaves(value: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any
     return {path: value}
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Any, path: tuple[Any, ...] = ()) -> str:
+    """A recorded value as the report prints one: a figure with the unit its key names
+    (`lab_time_s` 2593.044 is 2593 s), text as written."""
     if value is ABSENT:
         return ABSENT
     if value is None:
         return "(none)"
+    key = next((str(p) for p in reversed(path) if isinstance(p, str)), "")
+    if key.endswith("_seconds"):  # a stage's `lab_seconds`: the report's seconds
+        key = key.removesuffix("_seconds") + "_s"
     if isinstance(value, list):
-        return ", ".join(_shown(v) for v in value) or "(none)"
-    return str(value)
+        return ", ".join(_shown(v, path) for v in value) or "(none)"
+    if isinstance(value, str):
+        return value
+    return value_text(key, value)
+
+
+PLACE_WORDS = {"ci95": "95 % interval"}
+
+
+def _part(part: Any) -> str:
+    """One step of a value's place in the report's words (its evidence labels); a name the
+    engine or the shell reads (an environment variable, a flag, a setting's path) stays
+    exactly as written."""
+    if isinstance(part, int):
+        return f"#{part + 1}"
+    text = str(part)
+    if text in PLACE_WORDS or text in EVIDENCE_LABELS:
+        return PLACE_WORDS.get(text) or EVIDENCE_LABELS[text]
+    if "_" not in text or text.upper() == text or text.startswith("-") or "." in text:
+        return text
+    said = humanize(text)
+    return said if "_" not in said else text.replace("_", " ")
 
 
 def _label(path: tuple[Any, ...], codes: dict[int, str]) -> str:
     return " › ".join(
         (f"finding {codes.get(part, part)}" if i == 1 and path[0] == "findings" and isinstance(part, int)
-         else str(part).replace("_", " "))
+         else _part(part))
         for i, part in enumerate(path) if not (i == 0 and part == "findings" and len(path) > 1)
     )
 
@@ -136,7 +164,8 @@ def version_diff(older: ReportVersion, newer: ReportVersion) -> list[DiffLine]:
         else:
             lines = others
             label = _label(path, codes)
-        lines += [DiffLine("hunk", label), DiffLine("del", _shown(before)), DiffLine("add", _shown(after))]
+        lines += [DiffLine("hunk", label), DiffLine("del", _shown(before, path)),
+                  DiffLine("add", _shown(after, path))]
     if others:
         others.insert(0, DiffLine("hunk", "Other recorded values that differ (not staff edits):"))
     return words + others
@@ -161,13 +190,15 @@ def is_late(job: DiagnosticJob, now: dt.datetime | None = None) -> bool:
     return (approved or now or timezone.now()) >= deadline
 
 
-def decision_now(job: DiagnosticJob) -> MoneyBackDecision:
+def decision_now(job: DiagnosticJob, findings: dict[str, Any] | None = None) -> MoneyBackDecision:
     """The money-back rule on the job's current findings (with edits), as if sent now when
-    nothing was sent yet, with the staff decisions in force."""
+    nothing was sent yet, with the staff decisions in force. `findings` is the job's
+    document as build_findings made it, when the caller has it already (left unchanged)."""
     from diagnostic.jobs.findings import build_findings
     from diagnostic.jobs.report import apply_finding_edits
 
-    document = apply_finding_edits(build_findings(job), job)
+    made = copy.deepcopy(findings) if findings is not None else build_findings(job)
+    document = apply_finding_edits(made, job)
     return assess(document, lab_day=lab_day(job), sent_at=first_sent_at(str(job.pk)),
                   overrides=overrides_for(str(job.pk)), tz=timezone.get_default_timezone())
 

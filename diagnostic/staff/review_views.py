@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
@@ -18,11 +19,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from diagnostic.jobs.findings import build_findings
 from diagnostic.jobs.models import FindingEdit, ReportVersion
 from diagnostic.jobs.report import (
     current_edits,
     recipients,
-    render_version,
     version_document,
     version_message,
 )
@@ -35,6 +36,7 @@ from diagnostic.staff.access import (
     staff_required,
 )
 from diagnostic.staff.job_views import get_job
+from diagnostic.staff.rendering import RenderRefused, render_progress, request_render
 from diagnostic.staff.review import (
     ApprovalRefused,
     approve_and_send,
@@ -46,29 +48,46 @@ from diagnostic.staff.review import (
     sent_versions,
     version_diff,
 )
-from reports.findings import build_impact, by_impact
+from reports.findings import build_finding, by_impact, impact_formatters, impact_sources, impact_unit
 from reports.models import MoneyBackOverride, override_money_back, revert_override
-from reports.structure import humanize, value_text
+from reports.moneyback import impacts_of
+from reports.structure import FindingSection, cause_descriptions, value_text
 
 
-def _read_only_rows(evidence: Any) -> list[tuple[str, str]]:
-    if not isinstance(evidence, dict):
-        return []
-    return [(humanize(str(k)), value_text(str(k), v)) for k, v in evidence.items()
-            if k not in ("summary", "consultant_note")]
+def _as_printed(index: int, finding: Any, document: dict[str, Any]) -> FindingSection:
+    """A finding's measured part as the report prints it (reports.findings, the same
+    labels, units and rounding): its evidence, the change as a diff of settings and
+    environment variables with the launch flags as the engine takes them, and the impacts."""
+    fp4 = document.get("fp4")
+    speed_cost = fp4.get("speed_cost") if isinstance(fp4, dict) else None
+    return build_finding(index, finding.as_document(), {},
+                         described_causes=cause_descriptions(document.get("measurement")),
+                         speed_cost=speed_cost if isinstance(speed_cost, dict) else None,
+                         impact_sources=impact_sources(document))
 
 
-def _impact_rows(code: str, impact: Any) -> list[tuple[str, str]]:
-    """The measured impact in the report's own words (what the customer reads)."""
-    if not isinstance(impact, dict) or not impact:
-        return []
-    said = build_impact(code, impact)
-    rows = [(said.metric, f"{said.before} → {said.after}" + (f" ({said.change})" if said.change else "")),
-            ("95 % interval of the change", said.interval + (f", {said.n}" if said.n else "")),
-            ("Verdict", said.verdict)]
-    if impact.get("against"):
-        rows.append(("Measured against", value_text("against", impact["against"])))
-    return rows
+def _impact_rows(finding: Any, printed: FindingSection) -> list[list[tuple[str, str]]]:
+    """Each measured impact in the report's own words and figures (what the customer reads);
+    where the report's table carries the unit in its column title (rates: "(tok/s)"), this
+    one-line form puts it after each figure instead."""
+    tables = []
+    for raw, said in zip(impacts_of(finding.as_document()), printed.impacts, strict=False):
+        label_unit = impact_formatters(impact_unit(raw))[2]
+        unit = label_unit.strip(" ()")
+        metric = said.metric.removesuffix(label_unit) if unit else said.metric
+
+        def with_unit(figure: str, unit: str = unit) -> str:
+            bare = not unit or figure in ("not measured", "no interval", "")
+            return figure if bare else f"{figure} {unit}"
+
+        rows = [(metric, f"{with_unit(said.before)} → {with_unit(said.after)}"
+                 + (f" ({with_unit(said.change)})" if said.change else "")),
+                ("95 % interval of the change", with_unit(said.interval) + (f", {said.n}" if said.n else "")),
+                ("Verdict", said.verdict)]
+        if raw.get("against"):
+            rows.append(("Measured against", value_text("against", raw["against"])))
+        tables.append(rows)
+    return tables
 
 
 def _ordered_findings(job: Any) -> list[Any]:
@@ -131,25 +150,10 @@ def _errors_by_field(exc: ValidationError, default: str) -> dict[str, str]:
     return placed
 
 
-def _review_page(request: HttpRequest, job: Any, *, status: int = 200,
-                 finding_form: dict[str, Any] | None = None,
-                 override_form: dict[str, Any] | None = None) -> HttpResponse:
-    """The review page; after a refused form, the same page (400) with the typed values
-    kept and each problem next to its field (`finding_form` / `override_form`)."""
-    edits = current_edits(job)
-    findings = []
-    for finding in _ordered_findings(job):
-        impact = finding.impact if isinstance(finding.impact, dict) else None
-        typed = finding_form if finding_form and finding_form["pk"] == finding.pk else None
-        findings.append({
-            "finding": finding,
-            "text": typed["values"] if typed else finding_text(finding, edits.get(finding.pk, {})),
-            "errors": typed["errors"] if typed else {},
-            "evidence": _read_only_rows(finding.evidence),
-            "change": _read_only_rows(finding.change),
-            "impact": _impact_rows(finding.code, impact),
-            "history": list(finding.edits.select_related("edited_by").order_by("-edited_at", "-id")),
-        })
+def _versions_context(request: HttpRequest, job: Any) -> dict[str, Any]:
+    """The Versions section: the kept versions newest first, the latest render (its
+    progress, the version it made, or why it failed) and the diff between two versions.
+    The page polls it (`render_status`) while a render is under way."""
     versions = _newest_first(job)
     sent = sent_versions(job)
     rows = [{"v": v, "email": sent.get(v.digest), "state": _state(v, sent.get(v.digest)),
@@ -158,24 +162,54 @@ def _review_page(request: HttpRequest, job: Any, *, status: int = 200,
     older = _version(job, request.GET.get("from", "")) or (versions[1] if len(versions) > 1 else None)
     newer = _version(job, request.GET.get("to", "")) or (versions[0] if versions else None)
     diff = version_diff(older, newer) if older and newer and older.pk != newer.pk else None
-    decision = decision_now(job) if job.is_terminal else None
-    # What the customer was last told about the money back, when the record now says otherwise.
-    told = _last_sent(versions, sent)
-    disagreement = None
-    if told is not None and decision is not None:
-        printed = _printed_verdict(version_document(told[0]))
-        if printed is not None and printed["eligible"] != decision.eligible:
-            disagreement = {"version": told[0], "email": told[1], "printed": printed}
-    trail = list(MoneyBackOverride.objects.filter(job_id=str(job.pk)).select_related(
-        "decided_by", "reverts").order_by("decided_at", "id"))
-    reverted = {row.reverts_id for row in trail if row.reverts_id}
-    return render(request, "staff/review.html", {
+    progress = render_progress(job)
+    return {
         "job": job,
-        "findings": findings,
         "versions": rows,
         "older": older,
         "newer": newer,
         "diff": diff,
+        "render": progress,
+        "render_poll_ms": settings.STAFF_POLL_MS if progress is not None and progress.following else 0,
+        **abilities(request),
+    }
+
+
+def _review_page(request: HttpRequest, job: Any, *, status: int = 200,
+                 finding_form: dict[str, Any] | None = None,
+                 override_form: dict[str, Any] | None = None) -> HttpResponse:
+    """The review page; after a refused form, the same page (400) with the typed values
+    kept and each problem next to its field (`finding_form` / `override_form`)."""
+    edits = current_edits(job)
+    document = build_findings(job)
+    findings = []
+    for index, finding in enumerate(_ordered_findings(job), start=1):
+        typed = finding_form if finding_form and finding_form["pk"] == finding.pk else None
+        printed = _as_printed(index, finding, document)
+        findings.append({
+            "finding": finding,
+            "text": typed["values"] if typed else finding_text(finding, edits.get(finding.pk, {})),
+            "errors": typed["errors"] if typed else {},
+            "printed": printed,
+            "impacts": _impact_rows(finding, printed),
+            "history": list(finding.edits.select_related("edited_by").order_by("-edited_at", "-id")),
+        })
+    context = _versions_context(request, job)
+    decision = decision_now(job, document) if job.is_terminal else None
+    # What the customer was last told about the money back, when the record now says otherwise.
+    told = _last_sent([row["v"] for row in context["versions"]],
+                      {row["v"].digest: row["email"] for row in context["versions"] if row["email"]})
+    disagreement = None
+    if told is not None and decision is not None:
+        printed_verdict = _printed_verdict(version_document(told[0]))
+        if printed_verdict is not None and printed_verdict["eligible"] != decision.eligible:
+            disagreement = {"version": told[0], "email": told[1], "printed": printed_verdict}
+    trail = list(MoneyBackOverride.objects.filter(job_id=str(job.pk)).select_related(
+        "decided_by", "reverts").order_by("decided_at", "id"))
+    reverted = {row.reverts_id for row in trail if row.reverts_id}
+    return render(request, "staff/review.html", {
+        **context,
+        "findings": findings,
         "decision": decision,
         "trail": trail,
         "reverted": reverted,
@@ -183,8 +217,17 @@ def _review_page(request: HttpRequest, job: Any, *, status: int = 200,
         "deadline": deadline_of(job),
         "disagreement": disagreement,
         "override_form": override_form or {},
-        **abilities(request),
     }, status=status)
+
+
+@staff_required
+@require_GET
+def render_status(request: HttpRequest, job_id: Any) -> HttpResponse:
+    """The Versions section alone, which the review page polls while a render is under
+    way: its progress, then the new version at the top of the list with its diff."""
+    response = render(request, "staff/_versions.html", _versions_context(request, get_job(job_id)))
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 @staff_group_required
@@ -212,21 +255,23 @@ def finding_edit(request: HttpRequest, job_id: Any, finding_id: int) -> HttpResp
 @staff_group_required
 @require_POST
 def render_new_version(request: HttpRequest, job_id: Any) -> HttpResponse:
-    """Render here, in the request (a few seconds, in the renderer's own limited child
-    process): the consultant who asked reads the new version and its diff on the page that
-    answers, whether or not workers are busy with lab days."""
+    """Hand the render to the workers and answer at once: the review page shows its
+    progress where the button was and, when it is written, the new version with its diff
+    (or, when it failed, why, in the same place)."""
     job = get_job(job_id)
-    if not job.is_terminal:
-        messages.error(request, "The report is written when the job ends; it is still running.")
-        return redirect("staff:report", job_id=job.pk)
-    before = set(job.report_versions.values_list("digest", flat=True))
-    made = render_version(job).row
-    if made.digest not in before:
-        messages.success(request, f"Version {made.version} rendered ({made.pages} pages).")
-    else:
-        messages.success(request, f"Rendered: the report is the same as version {made.version}, "
-                                  "already kept.")
-    return redirect("staff:report", job_id=job.pk)
+    try:
+        made = request_render(job, by=request.user)
+    except RenderRefused as exc:
+        messages.error(request, str(exc))
+        return redirect(f"/staff/reports/{job.pk}/#versions")
+    if made.state == made.State.DONE:  # written already (eager mode: no workers)
+        messages.success(request, f"Version {made.version} rendered ({made.pages} pages)." if made.new_version
+                         else f"Rendered: the report is the same as version {made.version}, already kept.")
+    elif made.is_active:
+        messages.success(request, "Rendering a new version from the edits in the background: its progress is "
+                                  "under Versions, and the new version appears there when it is written.",
+                         extra_tags="gone-when-ended")
+    return redirect(f"/staff/reports/{job.pk}/#versions")
 
 
 @staff_may(APPROVE)

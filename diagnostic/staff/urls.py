@@ -22,6 +22,7 @@ urlpatterns = [
     path("lab/sections/", lab_views.lab_sections, name="lab-sections"),
     path("reports/<uuid:job_id>/findings/<int:finding_id>/", review_views.finding_edit, name="finding-edit"),
     path("reports/<uuid:job_id>/render/", review_views.render_new_version, name="render"),
+    path("reports/<uuid:job_id>/render/status/", review_views.render_status, name="render-status"),
     path("reports/<uuid:job_id>/approve/", review_views.approve_version, name="approve"),
     path("reports/<uuid:job_id>/approve/<str:version>/", review_views.approve_confirm,
          name="approve-confirm"),

@@ -5,9 +5,10 @@ the job goes to Redis and a real Celery worker process runs it on the simulated 
 the jobs list, the job's page and the running stage's log open: each changes without a
 reload (the row appears, the stage states move, the log grows). When the report is
 written, the job page shows the telemetry and cold-start plots from that very run; the
-consultant edits a finding's narrative, renders a new version, reads the diff, approves
-it (one email on a real SMTP receiver, none on a second approval) and the customer's
-browser downloads that version. Screenshots of each page land in out/screenshots/."""
+consultant edits a finding's narrative, renders a new version (the worker writes it while
+the review page follows), reads the diff, approves it (one email on a real SMTP receiver,
+none on a second approval) and the customer's browser downloads that version. Screenshots
+of each page land in out/screenshots/."""
 
 from __future__ import annotations
 
@@ -226,10 +227,17 @@ def test_a_consultant_watches_a_portal_job_live_then_reviews_and_approves(
     review.click(f"#finding-{finding.pk} button[type=submit]")
     assert "Saved narrative" in review.inner_text("main")
     review.click("#render-version")
-    assert re.search(r"Version \w+ rendered", review.inner_text("main")), review.inner_text("main")[:300]
+    # The render goes to the worker and the request answers at once; the page follows it
+    # in place until the new version is on top, with its diff.
+    review.wait_for_selector("#render-progress", timeout=10_000)
+    assert "in the background" in review.inner_text("main")
+    review.evaluate("window.__same = true")
+    review.wait_for_selector("#render-done", timeout=120_000)
+    assert review.evaluate("window.__same") is True
+    newest = ReportVersion.objects.filter(job=job).exclude(pk=first.pk).get()
+    assert f"Last render: version {newest.version}" in review.inner_text("#render-done")
     assert NARRATIVE in review.inner_text("#version-diff")
     screenshot(review, "staff-live-05-review-diff")
-    newest = ReportVersion.objects.filter(job=job).exclude(pk=first.pk).get()
     # Approving goes through the confirmation of what goes to whom.
     review.click(f"tr[data-version='{newest.version}'] a.approve")
     assert review.inner_text("#recipients") == ", ".join(recipients(job))

@@ -31,6 +31,7 @@ LOOKING = [
     "/staff/lab/",
     "/staff/lab/sections/",
     "/staff/reports/{job}/",
+    "/staff/reports/{job}/render/status/",
 ]
 # The confirmation pages of what changes what the customer receives: the group's.
 CONFIRMING = [

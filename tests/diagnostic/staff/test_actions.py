@@ -124,7 +124,7 @@ def test_rerun_report_writes_a_new_version_awaiting_approval(
 
     # Written again from the same findings, the report is the same version, still approved.
     page = follow_post(acting, f"/staff/jobs/{finished.pk}/rerun-report/")
-    assert "is being written from the findings and the staff" in page
+    assert "written again from the findings and the staff" in page and "already kept" in page
     assert list(ReportVersion.objects.filter(job=finished)) == [first] and "awaiting approval" not in page
 
     # After an edit it is a new version, which waits for approval.

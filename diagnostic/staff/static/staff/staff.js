@@ -1,6 +1,6 @@
 // The dashboard's live parts, without reloading the page: any element with data-poll-url
 // is refreshed from that fragment every data-poll-ms (stopping once the fragment says the
-// job ended), and a stage log with data-log-url is followed by appending what is new.
+// job, or the report version's render, ended), and a stage log with data-log-url is followed by appending what is new.
 (function () {
   "use strict";
   function get(url) {
@@ -17,8 +17,11 @@
       get(url).then(function (r) { return r.text(); }).then(function (html) {
         box.innerHTML = html;
         if (!box.querySelector("[data-terminal='1']")) { window.setTimeout(poll, every); return; }
-        // The job ended: the actions that no longer apply go, those for an ended job come.
-        document.querySelectorAll("[data-while-running]").forEach(function (el) { el.hidden = true; });
+        // The job ended: the actions that no longer apply go, those for an ended job come,
+        // and so does a message that said it was under way (a report version's render).
+        document.querySelectorAll("[data-while-running], .flash.gone-when-ended").forEach(function (el) {
+          el.hidden = true;
+        });
         document.querySelectorAll("[data-when-ended]").forEach(function (el) { el.hidden = false; });
       }).catch(function () { window.setTimeout(poll, every * 2); });
     }

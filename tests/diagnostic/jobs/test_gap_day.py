@@ -78,6 +78,11 @@ def test_a_day_finds_eager_mode_against_the_best_known_configuration(
     assert "gap.serving.enforce_eager" in codes
     assert document["tuned"]["config"]["serving"]["enforce_eager"] is False
     assert "gap.serving.enforce_eager" in {c["finding"] for c in document["tuned"]["changes"]}
-    # One difference, measured on the spot: one restart, which is also its proof.
-    assert section["restarts"] <= 2 and (gap.lab_seconds or 0.0) < 1500
+    # One difference, measured on the spot: one restart, which is also its proof. Lab
+    # seconds here follow the wall clock at the test's dilation, so a busy machine adds to
+    # them; the bound is the day's (METHODOLOGY: a day with one gap within 2.5 lab hours),
+    # with the stage's own ~1,000 well inside it.
+    assert section["restarts"] <= 2 and (gap.lab_seconds or 0.0) < 2000
+    day_lab_s = sum(s.lab_seconds or 0.0 for s in job.stage_runs.all())
+    assert day_lab_s < 2.5 * 3600
     assert document["money_back"]["eligible"] is False

@@ -171,7 +171,7 @@ def with_tuned(waterfall: list[Mapping[str, Any]], day: DayColdStart | None) -> 
     return [*waterfall, row]
 
 
-START_NAMES = {"before": "your configuration"}
+START_NAMES = {"before": "your configuration", "reproduce": "your configuration (reproduce's start)"}
 PHASE_COLUMNS = (
     ("distributed_init_s", "Distributed init"),
     ("weights_load_s", "Weights load"),

@@ -79,14 +79,37 @@ class ColdStart:
     # Every true cold start of this configuration measured (this one first); with more
     # than one, `cold_start_s` is their mean. The evidence is this first start's.
     samples_s: list[float] = field(default_factory=list)
+    # The other true cold starts whose seconds are in `samples_s`, each with its own
+    # evidence: each is a start of its own for the proof on the phases.
+    repeats: list[ColdStart] = field(default_factory=list)
+    # This start's own seconds (`cold_start_s` becomes the mean once samples are added).
+    own_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.samples_s:
             self.samples_s = [self.cold_start_s]
+        if not self.own_s:
+            self.own_s = self.cold_start_s
 
     def add_sample(self, seconds: float) -> None:
         self.samples_s.append(seconds)
         self.cold_start_s = sum(self.samples_s) / len(self.samples_s)
+
+    def add_start(self, other: ColdStart, *, first: bool = False) -> None:
+        """Another true cold start of the same configuration: its seconds join the samples
+        (as the first when `first`: it was taken earlier) and its evidence the phases'."""
+        if first:
+            self.samples_s.insert(0, other.own_s)
+            self.repeats.insert(0, other)
+        else:
+            self.samples_s.append(other.own_s)
+            self.repeats.append(other)
+        self.cold_start_s = sum(self.samples_s) / len(self.samples_s)
+
+    def physical(self) -> list[ColdStart]:
+        """Each true cold start behind this one's samples that kept its evidence, this one
+        first."""
+        return [self, *self.repeats]
 
     @property
     def causes(self) -> list[str]:

@@ -33,6 +33,8 @@ from lab.session import LabSession, LaunchFailed
 # lab's own start-to-start spread (a few seconds) and this share of the start.
 MIN_GAIN_S = 5.0
 MIN_GAIN_SHARE = 0.02
+# The run name of reproduce's start when it is one of the customer's samples.
+REPRODUCE_RUN = "reproduce"
 
 
 def _noop_log(_: str) -> None:
@@ -167,7 +169,7 @@ class Triage:
         for _ in range(max(0, (self.repeats if repeats is None else repeats) - have - 1)):
             again = cs.observe(self.session, config, run, facts=self.facts,
                                check_cancelled=self.check_cancelled, nccl_debug=nccl_debug)
-            start.add_sample(again.cold_start_s)
+            start.add_start(again)
             start.lab_s += again.lab_s
         start.lab_s += warm_up_s
         self.steps.append({"step": run, "lab_s": round(start.lab_s, 1), "warm_up_lab_s": round(warm_up_s, 1),
@@ -207,8 +209,9 @@ class Triage:
                         ours = ", ".join(more.causes) or "no signature"
                         self.log(f"reproduce's start, rebuilt, showed {theirs}; ours shows {ours}: "
                                  "attributing on ours")
-                    more.samples_s.insert(0, start.cold_start_s)
-                    more.cold_start_s = sum(more.samples_s) / len(more.samples_s)
+                    # Reproduce's start stays a start of its own for the proof on the phases.
+                    start.run = REPRODUCE_RUN
+                    more.add_start(start, first=True)
                     return more
                 # Reproduce's start filled the kept cache: it was this lab's first boot, not
                 # what the customer's users see. Note its compile, then measure again.
@@ -328,7 +331,7 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
             # configuration handed on (the next stage finds it serving) and, with a kept JIT
             # cache, they find the cache the step before filled.
             upcoming = apply_changes(base_config, fixes[cause].changes)
-            extra += phase_proof_starts(triage, [before, *(r[2] for r in runs)], [upcoming], fixes,
+            extra += phase_proof_starts(triage, [before, *(r[2] for r in runs), *extra], [upcoming], fixes,
                                         [*proved, cause], upcoming)
         if triage.over_budget():
             left = ", ".join(fixes[c].label for c in order[i:])
@@ -408,7 +411,7 @@ def phase_proof_starts(triage: Triage, taken: list[cs.ColdStart], upcoming: list
     extra: list[cs.ColdStart] = []
     if triage.repeats > 1:
         return extra  # every step has its own interval on repeated whole starts
-    configs = [s.config for s in taken] + list(upcoming)
+    configs = [p.config for s in taken for p in s.physical()] + list(upcoming)
     for _ in range(MAX_PROOF_STARTS):
         short = _short_sides(configs, fixes, causes)
         if not short:

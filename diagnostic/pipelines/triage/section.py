@@ -345,7 +345,7 @@ def build_result(before: ColdStart, after: ColdStart,
     it added them to); `extra`: starts taken only so that each change's phase has two
     starts on each side."""
     starts: list[ColdStart] = []
-    for start in [before, *(r[2] for r in runs), *extra]:
+    for start in [p for s in [before, *(r[2] for r in runs), *extra] for p in s.physical()]:
         if not any(start is s for s in starts):
             starts.append(start)
     waterfall = [waterfall_entry("customer configuration", before, fixes=None, changes=[], mode="baseline",
@@ -407,8 +407,7 @@ def build_result(before: ColdStart, after: ColdStart,
         "telemetry_csv": "cold-start-telemetry.csv",
         # Every true cold start of the day's triage with the seconds of each cause's phase:
         # the raw samples behind each finding's interval.
-        "starts": [{"start": s.run, "cold_start_s": round(s.cold_start_s, 1),
-                    "samples_s": [round(v, 1) for v in s.samples_s],
+        "starts": [{"start": s.run, "cold_start_s": round(s.own_s, 1),
                     "phases_s": {PHASE_METRIC[c]: phase_seconds(s, c) for c in FAULTS_WITH_PHASE},
                     "extra": any(s is e for e in extra)}
                    for s in starts],

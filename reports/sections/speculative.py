@@ -86,6 +86,11 @@ def search_paragraph(spec: Mapping[str, Any]) -> str:
             " one trial at a draft length gives the rate of every shorter one (dotted in the chart): the"
             " search measured few lengths and followed these curves to the settings it confirmed."
         )
+    borrowed = sorted({str(t["measured_by"]) for t in spec.get("trials") or []
+                       if isinstance(t, Mapping) and t.get("measured_by")})
+    if borrowed:
+        text += (" Without speculation, the screening runs are those of " + " and ".join(borrowed)
+                 + ": the same configuration and protocol, so they were not taken twice.")
     notes = (spec.get("space") or {}).get("notes") or {}
     skipped = [f"{m} was {why}" for m, why in notes.items() if str(why).startswith("not tried")]
     if skipped:

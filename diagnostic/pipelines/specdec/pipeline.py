@@ -577,6 +577,45 @@ class _Run:
         self.progress(min(95.0, 5.0 + 90.0 * self.spent() / self.budget), f"{phase}: {setting.label}")
         return rows
 
+    def adopt_screen(self, setting: Setting, earlier: Mapping[str, Any]) -> bool:
+        """Take an earlier stage's runs of this very configuration as `setting`'s screening
+        trial, when they were measured with the screening protocol on every workload (the
+        FP4 stage's rate of its chosen backend without speculation): the same runs a trial
+        would take, not taken twice. False when they do not qualify."""
+        protocol = earlier.get("protocol") or {}
+        if (protocol.get("n"), protocol.get("warmup"), protocol.get("max_tokens")) != (
+            self.screen_protocol.n, self.screen_protocol.warmup, self.screen_protocol.max_tokens):
+            return False
+        per_workload = earlier.get("workloads") or {}
+        if any(len((per_workload.get(w) or {}).get("samples") or ()) < 2 for w in self.workloads):
+            return False
+        index = len({row["trial"] for row in self.trials}) + 1
+        rows: dict[str, dict[str, Any]] = {}
+        for w in self.workloads:
+            got = per_workload[w]
+            samples = [float(x) for x in got["samples"]]
+            rows[w] = {
+                "trial": index, "setting": setting.as_dict(), "method": setting.method, "k": setting.k,
+                "phase": "screen", "stage": "screen", "workload": w, "status": "measured",
+                "n": len(samples), "mean_tps": got.get("mean_tps"), "ci95": got.get("ci95"),
+                "samples": samples, "acceptance": None, "lab_s": 0.0, "restart_s": 0.0,
+                "restarted": False, "measured_by": str(earlier.get("source") or "an earlier stage"),
+            }
+            self.trials.append(rows[w])
+        self.screened[setting] = rows
+        rates = {w: float(r["mean_tps"]) for w, r in rows.items() if r.get("mean_tps")}
+        lab_s = earlier.get("lab_s")
+        if isinstance(lab_s, (int, float)) and lab_s > 0:
+            # What those runs cost where they were taken prices the trials to come.
+            self.costs.observe(setting, None, float(lab_s), self.screen_protocol, rates)
+        self.serving = setting
+        said = ", ".join(f"{w} {rows[w]['mean_tps'] or 0:.2f} tok/s (n = {rows[w]['n']})"
+                         for w in self.workloads)
+        self.log(f"trial {index} (screen) {setting.label}: {said}; the runs of "
+                 f"{rows[self.workloads[0]]['measured_by']}, same protocol and configuration, "
+                 "not measured again")
+        return True
+
     def screen(self, setting: Setting, spec: Any) -> dict[str, float] | None:
         """The setting's mean rate per workload for the search: its confirmed means when it
         was confirmed first, else a screening trial's (None: the engine refused it)."""
@@ -665,12 +704,16 @@ def run_specdec(
     measure: Measure | None = None,
     screen: Protocol = SCREEN,
     confirm: Protocol = CONFIRM,
+    none_runs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Search, confirm and decide the speculative setting for `config` on the session's lab.
 
     `weights`: the customer's workload mix (shares of generated tokens); equal over the
     configuration's workloads by default. `measure`: the measurement (measure_on_session by
-    default). Returns the stage result:
+    default). `none_runs`: an earlier stage's runs of this configuration without
+    speculation ({source, lab_s, protocol {n, warmup, max_tokens}, workloads {w: {samples,
+    mean_tps, ci95}}}), taken as no speculation's screening trial when the engine still
+    serves that configuration and they follow the screening protocol. Returns the stage result:
     `section` (findings.json `speculative`), `findings`, `config_changes` (the deployed
     setting, only when proved faster) and `lab_time_s`.
     """
@@ -788,8 +831,11 @@ def run_specdec(
     #    unless it is a finalist.
     none_serving = customer != NO_SPECULATION and session.serves(run.config_for(None))
     if none_serving:
-        progress(3.0, "screening no speculation (the engine serves it)")
-        run.screen(NO_SPECULATION, None)
+        if none_runs and run.adopt_screen(NO_SPECULATION, none_runs):
+            progress(3.0, "no speculation: screened by an earlier stage's runs")
+        else:
+            progress(3.0, "screening no speculation (the engine serves it)")
+            run.screen(NO_SPECULATION, None)
     progress(4.0, f"confirming {customer.label}")
     run.confirm(customer, customer_spec)
     if customer != NO_SPECULATION:

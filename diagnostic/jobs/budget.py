@@ -28,7 +28,11 @@ from django.conf import settings
 from diagnostic.jobs.models import DiagnosticJob, StageRun
 
 RESERVE_LAB_S = {
-    "preflight": 30.0,
+    # Facts from every node (~22 lab s on the reference lab at dilation 45) and the memory
+    # bandwidth probe on the nodes in use, all at once: 2 lab s of setup and the timed reads
+    # in the simulator, 5 to 8 lab s with the agent's round trip (28 to 31 in all, measured
+    # 2026-12-05); a real node also imports torch and makes a CUDA context for it. Was 30.
+    "preflight": 40.0,
     # The customer's true cold start (~630 lab s with the platform's own calls) and, on a
     # day that measures, its n = 15 measurement where it serves (~850).
     "reproduce": 1500.0,

@@ -12,6 +12,15 @@ The model's memory (its weights' share of a node and the KV cache its context ne
 the profile of its entry in the lab's catalog) is checked against what the engine may take
 of a node's memory, and kept in the result with its figures; a model whose profile lacks
 a figure is not guessed at, and the check says which it lacks.
+
+Once the checks pass, before any engine starts, every node the configuration uses runs the
+agent's `mem-bw-probe` (all at once; a few lab seconds): the memory bandwidth a streaming
+read reaches there, which the measure stage's "where the rest goes" reads the weights at
+instead of the accelerator's specified peak. The result's `memory_bandwidth` keeps each
+node's median and raw repeats, the lab-wide figure (the median of the nodes' medians) and
+the slowest node's, or `unavailable` and why (a node without torch answers `unsupported`,
+one whose memory is held `busy`): then the split falls back to the specified peak. The
+probe is evidence, never a check: whatever it answers, preflight goes on.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from diagnostic.jobs.faults import LabFault
 from diagnostic.pipelines.context import context_target
 from lab.catalog import Catalog
 from lab.inventory import Node
-from lab.session import NodeUnreachable
+from lab.session import AgentError, NodeUnreachable
 
 # What each node type's GPU reports; a lab with other hardware reproduces the customer's
 # configuration only approximately.
@@ -33,6 +42,11 @@ COMPUTE_CAPABILITY = {"dgx-spark": "12.1", "gb10": "12.1"}
 # Node clocks further apart than this make the per-node timelines of a cold start
 # (rendezvous: "one node late") unreliable.
 CLOCK_SKEW_LIMIT_S = 5.0
+# mem-bw-probe's buffer and repeats: 2 GiB is far beyond any cache, five 2 GiB reads take
+# ~0.05 s at GB10's ~200 GB/s, so the probe costs its ~2 lab s of setup on every node at once.
+MEM_BW_PROBE_MIB = 2048
+MEM_BW_PROBE_REPEATS = 5
+MEM_BW_PROBE_TIMEOUT_S = 120.0
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -119,6 +133,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
     for condition in grouped:
         ctx.log(f"lab condition ({'blocking' if condition['blocking'] else 'noted'}): {condition['summary']}")
     blocking = [c for c in grouped if c["blocking"]]
+    if not blocking:
+        ctx.progress(80, "measuring the memory bandwidth a streaming read reaches (mem-bw-probe)")
+    bandwidth = (memory_bandwidth(session, [n.name for n in used if n.name in reachable])
+                 if not blocking else {"unavailable": "not probed: the lab holds the day (preflight's "
+                                                      "blocking conditions)"})
+    ctx.log("memory bandwidth: " + bandwidth_summary(bandwidth))
     result = {
         # Reports on a simulated lab say so on their cover, with its time dilation.
         "lab_dilation": session.inventory.time_dilation,
@@ -130,6 +150,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         # the customer's findings.
         "lab_conditions": grouped,
         "blocking": sorted({str(c["code"]) for c in blocking}),
+        # What a streaming read reaches on each node (mem-bw-probe), for the measure
+        # stage's split of the step; {"unavailable": why} when no node measured it.
+        "memory_bandwidth": bandwidth,
     }
     codes = sorted({str(c["code"]) for c in blocking})
     ctx.progress(100, f"preflight done; blocking: {', '.join(codes) or 'none'}")
@@ -142,6 +165,72 @@ def run(ctx: StageContext) -> dict[str, Any]:
             evidence={"conditions": blocking},
         )
     return result
+
+
+def memory_bandwidth(session: Any, nodes: list[str]) -> dict[str, Any]:
+    """Run `mem-bw-probe` on `nodes` at once and gather what they measured: {method,
+    size_mib, repeats, nodes {name: {median_gbs, gbs, seconds, bytes_read, device}},
+    median_gbs (of the nodes' medians), min_gbs and min_node, failed {name: why} (nodes
+    that answered no figure), lab_s}, or {unavailable: why, failed, lab_s} when no node
+    answered one. Never raises: the probe informs the split of the step, it gates nothing."""
+    if not nodes:
+        return {"unavailable": "no node to probe"}
+    lab_before = session.clock.now()
+    try:
+        answers = session.agent_all(
+            "mem-bw-probe", "--size-mib", str(MEM_BW_PROBE_MIB), "--repeats", str(MEM_BW_PROBE_REPEATS),
+            nodes=nodes, timeout=MEM_BW_PROBE_TIMEOUT_S, tolerate=True)
+    except Exception as exc:  # evidence only: a failed probe never fails the job
+        answers = {name: exc for name in nodes}
+    lab_s = round(max(0.0, session.clock.now() - lab_before), 3)
+    measured: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    method = None
+    for name in nodes:
+        answer = answers.get(name) if isinstance(answers, dict) else None
+        if isinstance(answer, AgentError):
+            failed[name] = f"mem-bw-probe {answer.code}: {answer.message}"
+            continue
+        if not isinstance(answer, dict):
+            failed[name] = f"mem-bw-probe: {answer if answer is not None else 'no answer'}"
+            continue
+        try:
+            gbs = [float(g) for g in answer["gbs"]]
+            median = float(answer["median_gbs"])
+            seconds = [float(t) for t in answer.get("seconds") or []]
+        except (KeyError, TypeError, ValueError) as exc:
+            failed[name] = f"mem-bw-probe: malformed answer ({exc!r})"
+            continue
+        if not gbs or not median > 0:
+            failed[name] = "mem-bw-probe: no positive figure"
+            continue
+        method = method or answer.get("method")
+        measured[name] = {"median_gbs": median, "gbs": gbs, "seconds": seconds,
+                          "bytes_read": answer.get("bytes_read"), "device": answer.get("device")}
+    if not measured:
+        reasons = sorted(set(failed.values()))
+        return {"unavailable": "; ".join(reasons) or "no node answered", "failed": failed, "lab_s": lab_s}
+    medians = {name: m["median_gbs"] for name, m in measured.items()}
+    slowest = min(medians, key=lambda n: (medians[n], n))
+    return {
+        "method": method, "size_mib": MEM_BW_PROBE_MIB, "repeats": MEM_BW_PROBE_REPEATS,
+        "nodes": measured,
+        "median_gbs": round(statistics.median(medians.values()), 3),
+        "min_gbs": round(medians[slowest], 3), "min_node": slowest,
+        "failed": failed, "lab_s": lab_s,
+    }
+
+
+def bandwidth_summary(bandwidth: dict[str, Any]) -> str:
+    """One line for the stage log."""
+    if "unavailable" in bandwidth:
+        return f"not measured ({bandwidth['unavailable']})"
+    text = (f"{bandwidth['median_gbs']:.1f} GB/s (median of {len(bandwidth['nodes'])} nodes' medians, "
+            f"{bandwidth['repeats']} repeats each; slowest {bandwidth['min_node']} "
+            f"{bandwidth['min_gbs']:.1f}) in {bandwidth['lab_s']:.1f} lab s")
+    if bandwidth.get("failed"):
+        text += f"; no figure from {', '.join(sorted(bandwidth['failed']))}"
+    return text
 
 
 class Conditions:

@@ -7,11 +7,19 @@ shows, so every part says whether it is measured or an estimate:
 
 - the step time itself is measured: the delivered rate's mean, times the tokens a step
   emits (the engine's own acceptance counters) with speculative decoding;
-- the weights' read is an estimate: the bytes a token reads (the lab's catalog) over the
-  tensor-parallel group's memory bandwidth. The lab's facts name the accelerator, whose
-  bandwidth comes from the hardware catalog; no run of the day reads the memory bandwidth
-  itself, so this is the least time the read can take, and what the hardware loses below
-  its peak lands in the remainder;
+- the weights' read is the bytes a token reads (the lab's catalog) over the
+  tensor-parallel group's memory bandwidth. Preflight measures the bandwidth a streaming
+  read reaches on every node (the agent's `mem-bw-probe`); with that figure the part is
+  "catalog bytes at the measured bandwidth", marked measured: the bandwidth is this day's
+  measurement, the bytes per token are the catalog's. The catalog's bytes are the
+  model's average; the routed experts are not read evenly across the ranks, so the
+  slowest rank reads more and waits longer, and that lands in the remainder. Without a
+  measurement (a node without torch answers `unsupported`) the part falls back to the
+  accelerator's specified peak from the hardware catalog, an estimate: the least time the
+  read can take, with what the hardware loses below its peak in the remainder. Either
+  way the part says both figures where it has them ("reached 205 GB/s of the 273
+  specified"); the roofline (diagnostic.pipelines.roofline) stays on the specified peak,
+  the physical bound;
 - speculation's verify and draft cost is measured: the tuned step against the measured
   step of the same configuration without speculation (the speculative search's runs);
 - communication and the engine's fixed per-step work are the measured remainder. The
@@ -50,6 +58,31 @@ def _bandwidth(facts: Mapping[str, Mapping[str, Any]]) -> tuple[float | None, st
     return float(gpu["mem_bw_gbs"]), f"{gpu['name']}: {gpu.get('source') or 'the hardware catalog'}"
 
 
+def measured_bandwidth(measured_bw: Mapping[str, Any] | None) -> tuple[float | None, str]:
+    """The lab-wide measured bandwidth (GB/s) of preflight's `memory_bandwidth` entry, or
+    None and why not."""
+    if not isinstance(measured_bw, Mapping):
+        return None, "preflight measured no memory bandwidth on this day"
+    if measured_bw.get("unavailable"):
+        return None, f"preflight could not measure the memory bandwidth: {measured_bw['unavailable']}"
+    value = measured_bw.get("median_gbs")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return None, "preflight's memory bandwidth holds no figure"
+    return float(value), ""
+
+
+def _probe_words(measured_bw: Mapping[str, Any]) -> str:
+    """Where the measured figure comes from: the probe, its repeats and nodes."""
+    nodes = measured_bw.get("nodes") if isinstance(measured_bw.get("nodes"), Mapping) else {}
+    repeats = measured_bw.get("repeats")
+    text = "preflight's mem-bw-probe"
+    if nodes:
+        text += (f", the median of {len(nodes)} node{'s' if len(nodes) != 1 else ''}' medians of "
+                 f"{repeats} repeat{'s' if repeats != 1 else ''} each" if repeats else
+                 f" on {len(nodes)} node{'s' if len(nodes) != 1 else ''}")
+    return text
+
+
 def explain_step(
     measured_tps: float,
     *,
@@ -59,14 +92,17 @@ def explain_step(
     nodes_facts: Mapping[str, Mapping[str, Any]],
     config: Mapping[str, Any],
     no_spec_tps: float | None = None,
+    measured_bw: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Split one verify step of the configuration (ms, lab time) into its parts.
 
     `measured_tps`: the delivered mean rate; `acceptance_len`: tokens a step emits as the
     engine counted them (None without speculation); `k`: the draft length; `no_spec_tps`:
     the measured rate of the same configuration without speculation, which separates
-    speculation's own cost. Returns {schema, per_token_ms, step_ms, tokens_per_step, parts
-    [{part, label, ms, share, kind, how}], sum_ms, notes}; the parts sum to `step_ms`.
+    speculation's own cost; `measured_bw`: preflight's `memory_bandwidth` entry (its
+    `median_gbs` is the lab-wide figure), None or `{unavailable}` to read the weights at the
+    specified peak. Returns {schema, per_token_ms, step_ms, tokens_per_step, parts
+    [{part, label, ms, share, kind, how, basis}], sum_ms, notes}; the parts sum to `step_ms`.
     """
     speculative = bool(config.get("speculative")) and bool(k)
     tokens = float(acceptance_len) if speculative and acceptance_len and acceptance_len > 1 else 1.0
@@ -77,22 +113,53 @@ def explain_step(
     notes: list[str] = []
     parts: list[dict[str, Any]] = []
 
-    bw, bw_source = _bandwidth(nodes_facts)
+    peak, peak_source = _bandwidth(nodes_facts)
+    reached, why_not_measured = measured_bandwidth(measured_bw)
     weights_ms = None
-    if profile is not None and profile.decode_bytes_per_token_gb and bw:
-        gb = float(profile.decode_bytes_per_token_gb)
-        weights_ms = gb / (tp * bw) * 1000.0
+    per_token = profile.decode_bytes_per_token_gb if profile is not None else None
+    gb = float(per_token) if per_token else None
+    if gb and reached and measured_bw is not None:
+        weights_ms = gb / (tp * reached) * 1000.0
+        of_peak = f" of the {peak:g} specified" if peak else ""
+        spread = ""
+        low = measured_bw.get("min_gbs")
+        if isinstance(low, int | float) and not isinstance(low, bool) and low < reached:
+            spread = f", the slowest node {low:.0f} GB/s"
+        parts.append({
+            "part": "weights_read", "label": "Weights read for one step", "ms": weights_ms, "kind": MEASURED,
+            "basis": "catalog bytes at the measured bandwidth",
+            "how": f"{gb:g} GB of active weights per step (the lab's catalog) over {tp} accelerators at "
+                   f"{reached:.0f} GB/s each, the bandwidth a streaming read reached on this lab "
+                   f"({_probe_words(measured_bw)}{spread}): reached {reached:.0f} GB/s{of_peak}",
+            "inputs": {"decode_bytes_per_token_gb": gb, "tp": tp, "mem_bw_gbs": reached,
+                       "bandwidth_source": _probe_words(measured_bw), "bandwidth_kind": MEASURED,
+                       "measured_gbs": reached, "measured_min_gbs": measured_bw.get("min_gbs"),
+                       "probe_nodes": len(measured_bw.get("nodes") or {}),
+                       "probe_repeats": measured_bw.get("repeats"), "probe_method": measured_bw.get("method"),
+                       "peak_gbs": peak, "peak_source": peak_source if peak else None},
+        })
+        notes.append(
+            "The weights' read is the catalog's bytes per token at the bandwidth measured on this lab: the "
+            "bandwidth is measured, the bytes are the catalog's average. The routed experts are not read "
+            "evenly across the ranks, so the slowest rank reads more than its share and the step waits "
+            "for it; that time is in the remainder.")
+    elif gb and peak:
+        weights_ms = gb / (tp * peak) * 1000.0
         parts.append({
             "part": "weights_read", "label": "Weights read for one step", "ms": weights_ms, "kind": ESTIMATE,
-            "how": f"{gb:g} GB of active weights per step over {tp} accelerators at {bw:g} GB/s each, the "
-                   "specified peak; no run reads the bandwidth reached, so this is the least the read takes",
-            "inputs": {"decode_bytes_per_token_gb": gb, "tp": tp, "mem_bw_gbs": bw,
-                       "bandwidth_source": bw_source},
+            "basis": "catalog bytes at the specified peak",
+            "how": f"{gb:g} GB of active weights per step over {tp} accelerators at {peak:g} GB/s each, the "
+                   "specified peak; the bandwidth reached was not measured, so this is the least the read "
+                   "takes",
+            "inputs": {"decode_bytes_per_token_gb": gb, "tp": tp, "mem_bw_gbs": peak,
+                       "bandwidth_source": peak_source, "bandwidth_kind": ESTIMATE,
+                       "peak_gbs": peak, "peak_source": peak_source},
         })
+        notes.append(f"The weights' read is at the specified peak: {why_not_measured}.")
     else:
         notes.append("The weights' read is not estimated: "
-                     + ("the lab's catalog gives no bytes read per token for this model" if bw
-                        else bw_source) + ".")
+                     + ("the lab's catalog gives no bytes read per token for this model" if not gb
+                        else peak_source) + ".")
 
     base_ms = step_ms
     if speculative:
@@ -128,7 +195,7 @@ def explain_step(
                         f"{layers} layers, an upper bound")
     parts.insert(1 if weights_ms is not None else 0, rest)
     if rest_ms < 0:
-        notes.append("The estimated weights' read exceeds the measured step: the catalog's bytes per token "
+        notes.append("The weights' read exceeds the measured step: the catalog's bytes per token "
                      "or the bandwidth do not fit this lab.")
     for part in parts:
         part["ms"] = round(float(part["ms"]), 3)

@@ -4,12 +4,13 @@ runs over SSH as `python3 agent.py VERB [ARGS] --json`.
 
 It reports the node's facts, samples telemetry in a detached process, starts and stops
 the inference engine from a `lab.launch/1` spec, serves the engine log by byte offset,
-drops the page cache and runs the NVFP4 probe. Every verb prints one `lab.agent/1` JSON
+drops the page cache, runs the NVFP4 probe and measures the memory bandwidth a streaming
+read reaches. Every verb prints one `lab.agent/1` JSON
 object on stdout (docs/lab-contracts.md, schema.json beside this file) and exits 0 on
 success, 2 on a usage error, 1 on any other failure.
 
 Nodes have only python3, so nothing outside the standard library is imported (torch only
-inside fp4-probe, when the node has it), and the code stays within Python 3.8 (the
+inside fp4-probe and mem-bw-probe, when the node has it), and the code stays within Python 3.8 (the
 oldest interpreter its tests run under; README.md; 3.7 lacks importlib.metadata).
 
 The engine runs customers' configurations, so it never runs with the agent's privileges
@@ -52,7 +53,7 @@ LAUNCH_SCHEMA = "lab.launch/1"
 
 VERBS = (
     "self-check", "facts", "sampler", "telemetry", "launch", "stop", "status", "logs",
-    "drop-caches", "fp4-probe",
+    "drop-caches", "fp4-probe", "mem-bw-probe",
 )
 SAMPLER_ACTIONS = ("start", "stop")
 
@@ -109,6 +110,15 @@ E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E4M3_MAX = 448.0
 NVFP4_BLOCK = 16
 FP4_PROBE_GLOBAL_SCALE = 2.0 ** -10  # a power of two keeps every probe input exact in bf16
+# mem-bw-probe: a buffer far larger than any cache (GB10's L2 is 24 MiB), read whole by a
+# reduction that writes one number, so the timed traffic is the read.
+MEM_BW_DEFAULT_MIB = 2048
+MEM_BW_DEFAULT_REPEATS = 5
+MEM_BW_MAX_REPEATS = 100
+MEM_BW_WARMUP = 2
+MEM_BW_METHOD = ("torch.sum over a {size_mib} MiB float32 buffer on the GPU (a read-dominated "
+                 "streaming reduction), each repeat timed with CUDA events after "
+                 f"{MEM_BW_WARMUP} untimed warm-up passes")
 
 
 class AgentError(Exception):
@@ -1493,6 +1503,63 @@ def run_fp4_gemm(torch: Any, backend: str, inputs: dict[str, Any]) -> list[list[
     return [[float(x) for x in row] for row in out.float().tolist()]
 
 
+# -- memory bandwidth probe ---------------------------------------------------------------
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def mem_bw_probe(args: argparse.Namespace) -> dict[str, Any]:
+    """The memory bandwidth a streaming read reaches on this node's GPU: what an engine's
+    decode step gets when it reads the weights, rather than the specified peak."""
+    # An engine holds the memory and the bandwidth: a probe beside it measures neither.
+    current = engine_record(work_dir(args))
+    if current is not None and engine_running(current):
+        raise AgentError("busy", f"mem-bw-probe: an engine runs here (pid {current['pid']}) and holds "
+                         "the GPU's memory and bandwidth; stop it first")
+    unsupported = AgentError("unsupported", "mem-bw-probe needs torch with a CUDA GPU; none here")
+    try:
+        import torch
+    except ImportError:
+        raise unsupported from None
+    if not torch.cuda.is_available():
+        raise unsupported
+    return run_mem_bw(torch, args.size_mib, args.repeats)
+
+
+def run_mem_bw(torch: Any, size_mib: int, repeats: int) -> dict[str, Any]:
+    dev = torch.device("cuda")
+    count = size_mib * (1 << 20) // 4
+    try:
+        buf = torch.ones(count, dtype=torch.float32, device=dev)  # every page touched
+    except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
+        raise AgentError("busy", f"mem-bw-probe: cannot allocate {size_mib} MiB on the GPU "
+                         f"(something holds its memory): {str(exc).splitlines()[0][:200]}") from None
+    try:
+        for _ in range(MEM_BW_WARMUP):
+            buf.sum()
+        torch.cuda.synchronize()
+        seconds = []
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            buf.sum()
+            end.record()
+            end.synchronize()
+            seconds.append(start.elapsed_time(end) / 1000.0)  # elapsed_time is in ms
+    finally:
+        del buf
+        torch.cuda.empty_cache()
+    bytes_read = count * 4
+    gbs = [bytes_read / s / 1e9 for s in seconds]
+    return {"device": str(torch.cuda.get_device_name(dev)), "size_mib": size_mib, "repeats": repeats,
+            "bytes_read": bytes_read, "seconds": seconds, "gbs": gbs, "median_gbs": median(gbs),
+            "method": MEM_BW_METHOD.format(size_mib=size_mib)}
+
+
 # -- command line -------------------------------------------------------------------------
 
 class Parser(argparse.ArgumentParser):
@@ -1529,6 +1596,20 @@ def finite_float(text: str) -> float:
         value = float("nan")
     if value != value or value in (float("inf"), float("-inf")):
         raise argparse.ArgumentTypeError(f"must be a number (epoch seconds), got {text!r}")
+    return value
+
+
+def repeats_count(text: str) -> int:
+    value = non_negative_int(text)
+    if not 1 <= value <= MEM_BW_MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MEM_BW_MAX_REPEATS}, got {text!r}")
+    return value
+
+
+def buffer_mib(text: str) -> int:
+    value = non_negative_int(text)
+    if value < 64:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 64 (MiB), got {text!r}")
     return value
 
 
@@ -1577,6 +1658,11 @@ def parser_for(verb: str) -> tuple[Parser, Handler]:
         handler = logs
     elif verb == "drop-caches":
         handler = drop_caches
+    elif verb == "mem-bw-probe":
+        p.add_argument("--size-mib", type=buffer_mib, default=MEM_BW_DEFAULT_MIB, metavar="MIB")
+        p.add_argument("--repeats", type=repeats_count, default=MEM_BW_DEFAULT_REPEATS, metavar="N")
+        p.add_argument("--work-dir", metavar="DIR", default=None)
+        handler = mem_bw_probe
     else:  # fp4-probe
         p.add_argument("--backend", required=True, metavar="B")
         p.add_argument("--seed", type=int, required=True, metavar="N")

@@ -4,9 +4,11 @@ Each node owns a sandbox folder that stands for its filesystem (SFTP and every a
 file argument map absolute node paths into it; `..` may not climb out). It answers the
 node agent's verbs (docs/lab-contracts.md, `lab.agent/1`) with the same envelope and
 data as the real agent, from its simulated hardware (lab/sim/hardware.py): facts of a
-DGX Spark, a page cache that remembers which weights it holds, and telemetry synthesized
+DGX Spark, a page cache that remembers which weights it holds, telemetry synthesized
 at 1 Hz of lab time from what the node's engine was doing (LAB_MODEL.md section 5's
-signatures). Nothing it answers names the scenario's truth.
+signatures), and the memory bandwidth a streaming read reaches (`mem-bw-probe`, from the
+scenario's hardware section, as a real node's measurement would reveal it). Nothing it
+answers names the scenario's truth.
 """
 
 from __future__ import annotations
@@ -16,14 +18,23 @@ import hashlib
 import json
 import math
 import posixpath
+import random
 import re
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lab.agent.agent import launch_owner, rotate_log
+from lab.agent.agent import (
+    MEM_BW_DEFAULT_MIB,
+    MEM_BW_DEFAULT_REPEATS,
+    MEM_BW_MAX_REPEATS,
+    MEM_BW_METHOD,
+    launch_owner,
+    rotate_log,
+)
 from lab.clock import LabClock
 from lab.env_policy import launch_env_problem
 from lab.sim import fp4
@@ -39,6 +50,11 @@ GPU = {"name": "NVIDIA GB10", "compute_capability": "12.1", "driver": "580.95.05
 NVME_FREE_BYTES = 3_700_000_000_000  # a 4 TB drive with the OS on it
 DEFAULT_LOG_MAX = 1024 * 1024
 PID_START = 4100
+# mem-bw-probe: each repeat's bandwidth is the streaming figure times exp(N(0, sigma));
+# torch's import, the CUDA context, the buffer's allocation and the warm-up passes take
+# a fixed few lab seconds before the timed repeats.
+MEM_BW_SIGMA = 0.01
+MEM_BW_SETUP_S = 2.0
 
 
 class SandboxError(ValueError):
@@ -92,7 +108,7 @@ class _Sampler:
 
 
 VERBS = ("self-check", "facts", "sampler", "telemetry", "launch", "stop", "status", "logs",
-         "drop-caches", "fp4-probe")
+         "drop-caches", "fp4-probe", "mem-bw-probe")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,6 +133,8 @@ _positive = _number(float, lambda v: 0 < v < math.inf, "a number of seconds > 0"
 _count = _number(int, lambda v: v >= 0, "an integer >= 0")
 _finite = _number(float, math.isfinite, "a number (epoch seconds)")
 _probe_size = _number(int, lambda v: v > 0 and v % 128 == 0, "a positive multiple of 128")
+_buffer_mib = _number(int, lambda v: v >= 64, "an integer >= 64 (MiB)")
+_repeats = _number(int, lambda v: 1 <= v <= MEM_BW_MAX_REPEATS, f"an integer from 1 to {MEM_BW_MAX_REPEATS}")
 
 
 def _verb_parser(verb: str) -> argparse.ArgumentParser:
@@ -147,6 +165,10 @@ def _verb_parser(verb: str) -> argparse.ArgumentParser:
         p.add_argument("--backend", required=True)
         p.add_argument("--seed", type=int, required=True)
         p.add_argument("--size", type=_probe_size, default=128)
+    elif verb == "mem-bw-probe":
+        p.add_argument("--size-mib", type=_buffer_mib, default=MEM_BW_DEFAULT_MIB)
+        p.add_argument("--repeats", type=_repeats, default=MEM_BW_DEFAULT_REPEATS)
+        p.add_argument("--work-dir", default=None)
     return p
 
 
@@ -207,6 +229,7 @@ class SimNode:
         self.hardware = NodeHardware(ctx.scenario, index)
         self._samplers: dict[str, _Sampler] = {}
         self._next_pid = PID_START + 1000 * index
+        self._mem_bw_probes = 0
         for d in (paths.work_dir, paths.model_dir, paths.cache_dir):
             self.host_path(d).mkdir(parents=True, exist_ok=True)
 
@@ -345,6 +368,8 @@ class SimNode:
             return self._logs(ns.file, ns.since, ns.max)
         if verb == "drop-caches":
             return self.drop_caches()
+        if verb == "mem-bw-probe":
+            return self.mem_bw_probe(ns.size_mib, ns.repeats)
         return self._fp4_probe(ns.backend, ns.seed, ns.size)
 
     def _self_check(self, script: str) -> dict[str, Any]:
@@ -550,6 +575,33 @@ class SimNode:
                                f"runs; accepted: {', '.join(known)}")
         state = "ok" if backend == "reference" else backend_state(backend, fp4_truth)
         return fp4.probe(backend, seed, size=size, state=state, error_rate=float(fp4_truth["error_rate"]))
+
+    def mem_bw_probe(self, size_mib: int, repeats: int) -> dict[str, Any]:
+        """A streaming read of a `size_mib` MiB buffer, timed `repeats` times: it reaches the
+        node's peak bandwidth times the fraction reachable when streaming (cluster.node's
+        mem_bw_gbs x mem_bw_efficiency, LAB_MODEL.md section 1), each repeat with a small
+        lognormal noise. The lab clock moves on by the setup and the repeats, as on a node.
+        While an engine runs it holds the memory: `busy`, as the real agent answers."""
+        node = self.scenario.node
+        with self.lock:
+            running = [p for p in self.processes if p.running]
+            self._mem_bw_probes += 1
+            call = self._mem_bw_probes
+        if running:
+            raise AgentFailure("busy", f"mem-bw-probe: an engine runs here (pid {running[0].pid}) and "
+                               "holds the GPU's memory and bandwidth; stop it first")
+        if size_mib * (1 << 20) > float(node["cuda_free_gib"]) * (1 << 30):
+            raise AgentFailure("busy", f"mem-bw-probe: cannot allocate {size_mib} MiB on the GPU "
+                               "(something holds its memory): CUDA out of memory")
+        streaming = float(node["mem_bw_gbs"]) * float(node["mem_bw_efficiency"])
+        rng = random.Random(f"{self.scenario.seed}:{self.name}:mem-bw-probe:{call}")
+        bytes_read = size_mib * (1 << 20) // 4 * 4
+        gbs = [streaming * math.exp(rng.gauss(0.0, MEM_BW_SIGMA)) for _ in range(repeats)]
+        seconds = [bytes_read / (g * 1e9) for g in gbs]
+        self.clock.sleep(MEM_BW_SETUP_S + sum(seconds))
+        return {"device": GPU["name"], "size_mib": size_mib, "repeats": repeats, "bytes_read": bytes_read,
+                "seconds": seconds, "gbs": gbs, "median_gbs": statistics.median(gbs),
+                "method": MEM_BW_METHOD.format(size_mib=size_mib)}
 
     def shutdown(self) -> None:
         for proc in list(self.processes):

@@ -9,7 +9,10 @@ A run is the findings schema's `run`: 0-based `index` and `prompt_index`, `token
 (delivered), `usage_completion_tokens`, `ttft_s`, `decode_tps`, `e2e_tps`, and `abandoned`
 or `error` for a run without a rate; `{workload}.outliers` and `{workload}.ttft.outliers`
 are positions among the runs that have a rate. The bound is `measurement.roofline`
-{customer|tuned: {workload: {bound_tps, fraction, inputs, formula}}}.
+{customer|tuned: {workload: {bound_tps, fraction, inputs, formula}}}. The raw samples end
+with preflight's memory bandwidth probe, every repeat on every node
+(`measurement.explain.memory_bandwidth`: {nodes {name: {gbs, median_gbs}}, repeats,
+method}), the figure the step's split reads the weights at.
 """
 
 from __future__ import annotations
@@ -219,6 +222,7 @@ def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
         if failures:
             note += " An abandoned or failed run has no rates and is left out of every summary."
         blocks.insert(0, Block("paragraph", note))
+    blocks.extend(bandwidth_blocks(findings))
     notes = [
         f"{workload} run {_one_based(run.get('index'))}: "
         + (str(run["error"]) if run.get("error") else "abandoned: no complete answer within the time limit")
@@ -229,6 +233,53 @@ def raw_runs_appendix(findings: Mapping[str, Any], number: str) -> StageSection:
         blocks.append(Block("heading", "Notes from the measurement"))
         blocks.extend(Block("paragraph", note[0].upper() + note[1:]) for note in notes)
     return StageSection("raw-runs", number, "Raw per-run samples", True, blocks)
+
+
+def bandwidth_blocks(findings: Mapping[str, Any]) -> list[Block]:
+    """Every repeat of preflight's memory bandwidth probe, per node: the samples behind the
+    bandwidth the weights' read uses in "Where the rest goes"."""
+    explain = (findings.get("measurement") or {}).get("explain")
+    bw = explain.get("memory_bandwidth") if isinstance(explain, Mapping) else None
+    if not isinstance(bw, Mapping):
+        return []
+    nodes = bw.get("nodes")
+    if not isinstance(nodes, Mapping) or not nodes:
+        return []
+    samples = {
+        str(name): [float(g) for g in entry.get("gbs") or [] if as_number(g) is not None]
+        for name, entry in sorted(nodes.items())
+        if isinstance(entry, Mapping)
+    }
+    width = max((len(v) for v in samples.values()), default=0)
+    if not width:
+        return []
+    rows = []
+    for name, gbs in samples.items():
+        median = as_number((nodes[name] or {}).get("median_gbs"))
+        rows.append([name, *(f"{g:.1f}" for g in gbs), *([""] * (width - len(gbs))),
+                     f"{median:.1f}" if median is not None else ""])
+    text = (
+        "Memory bandwidth, measured in preflight before any engine started: each node read a GPU buffer "
+        "whole, repeatedly, and each read was timed; GB/s are 10^9 bytes per second. The median of the "
+        "nodes' medians is the bandwidth the weights' read uses in the split of the step."
+    )
+    if bw.get("method"):
+        text += f" What was timed: {bw['method']}."
+    lab_s = as_number(bw.get("lab_s"))
+    if lab_s is not None:
+        text += f" The probe took {fig.seconds(lab_s)} of lab time."
+    return [
+        Block("heading", "Memory bandwidth probe"),
+        Block("paragraph", text),
+        Block(
+            "table",
+            caption="GB/s per repeat and node, with each node's median.",
+            columns=["Node", *(f"Repeat {i}" for i in range(1, width + 1)), "Median"],
+            numeric=[False, *([True] * (width + 1))],
+            rows=rows,
+            compact=True,
+        ),
+    ]
 
 
 STAGE_NAMES = {

@@ -11,7 +11,11 @@ themselves (`gap.*`, `context.native`) print in section 2 like any other.
 
 The rest section answers "16 % of the bound: where does the other 84 % go?": the measured
 step time, its parts each marked measured or estimate, and the distance to the baseline and
-to the roofline bound, with every figure printed from the measure stage's values.
+to the roofline bound, with every figure printed from the measure stage's values. The
+weights' read is at the memory bandwidth preflight measured (`explain.memory_bandwidth`,
+the agent's mem-bw-probe on every node; each repeat is in the raw-samples appendix) and
+says so, with the specified peak beside it; without a measurement it is the estimate at
+the peak.
 """
 
 from __future__ import annotations
@@ -193,6 +197,8 @@ def context_sentence(context: Mapping[str, Any]) -> str:
 
 
 PART_KIND = {"measured": "measured", "estimate": "estimate"}
+# A part measured in one input and taken from a catalog in another says which.
+BASIS_KIND = {"catalog bytes at the measured bandwidth": "measured bandwidth, catalog bytes"}
 
 
 def rest_section(findings: Mapping[str, Any], number: str) -> StageSection:
@@ -221,10 +227,59 @@ def rest_section(findings: Mapping[str, Any], number: str) -> StageSection:
             )
         for note in entry.get("notes") or []:
             blocks.append(Block("paragraph", str(note)))
+    bandwidth = bandwidth_paragraph(explain)
+    if bandwidth:
+        blocks.append(Block("paragraph", bandwidth))
     if explain.get("no_spec_source"):
         source = explain["no_spec_source"]
         blocks.append(Block("paragraph", f"The step without speculation is from {source}."))
     return StageSection("rest", number, title, True, blocks)
+
+
+def _peak(explain: Mapping[str, Any]) -> float | None:
+    """The specified peak the weights' part names (the hardware catalog's), if any."""
+    for workload in workloads_in_explain(explain):
+        for part in explain[workload].get("parts") or []:
+            if isinstance(part, Mapping) and part.get("part") == "weights_read":
+                peak = as_number((part.get("inputs") or {}).get("peak_gbs"))
+                if peak is not None:
+                    return peak
+    return None
+
+
+def bandwidth_paragraph(explain: Mapping[str, Any]) -> str:
+    """Where the weights' bandwidth comes from when preflight measured it: the probe's
+    figure, nodes and repeats, beside the specified peak. Without a measurement the split's
+    own note says the read is at the peak, and why; nothing is added here."""
+    bw = explain.get("memory_bandwidth")
+    if not isinstance(bw, Mapping):
+        return ""
+    peak = _peak(explain)
+    median = as_number(bw.get("median_gbs"))
+    nodes = bw.get("nodes") if isinstance(bw.get("nodes"), Mapping) else {}
+    if bw.get("unavailable") or median is None or not nodes:
+        return ""
+    repeats = as_number(bw.get("repeats"))
+    count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+    text = (f"The weights' read is at the memory bandwidth measured on this lab before any engine started: "
+            f"{median:.0f} GB/s, the median over {count} of each node's median of "
+            + (f"{int(repeats)} " if repeats is not None else "")
+            + "streaming reads of a GPU buffer (our node agent's memory bandwidth probe")
+    low = as_number(bw.get("min_gbs"))
+    if low is not None and len(nodes) > 1:
+        text += f"; the slowest node reached {low:.0f} GB/s"
+    text += ")"
+    if peak is not None:
+        text += (f": reached {median:.0f} GB/s of the {fig.number(peak)} specified "
+                 f"({fig.percent(round(median / peak, 3))}). "
+                 "The hardware's bound stays on the specified peak")
+    text += (". The bytes a token reads are the catalog's; every repeat is listed in the appendix of raw "
+             "per-run samples.")
+    failed = bw.get("failed")
+    if isinstance(failed, Mapping) and failed:
+        text += f" {len(failed)} node{'s' if len(failed) != 1 else ''} gave no figure: " + "; ".join(
+            f"{name}: {why}" for name, why in sorted(failed.items())) + "."
+    return text
 
 
 def workloads_in_explain(explain: Mapping[str, Any]) -> list[str]:
@@ -254,7 +309,8 @@ def rest_rows(entry: Mapping[str, Any]) -> list[list[str]]:
     step = round(float(entry.get("step_ms") or 0.0), 1)
     rows = [
         [str(p.get("label") or p.get("part")), _ms(ms), fig.percent(ms / step) if step else "",
-         PART_KIND.get(str(p.get("kind")), str(p.get("kind") or "")), str(p.get("how") or "")]
+         BASIS_KIND.get(str(p.get("basis")))
+         or PART_KIND.get(str(p.get("kind")), str(p.get("kind") or "")), str(p.get("how") or "")]
         for p, ms in printed_parts(entry)
     ]
     if rows:
@@ -292,7 +348,7 @@ def rest_sentence(workload: str, entry: Mapping[str, Any], whose: str) -> str:
         step = round(float(entry.get("step_ms") or 0.0), 1)
         text += (
             f" Of each {_ms(step)} step, the largest part is {str(largest[0].get('label', '')).lower()}: "
-            f"{_ms(largest[1])} ({largest[0].get('kind')})."
+            f"{_ms(largest[1])} ({BASIS_KIND.get(str(largest[0].get('basis'))) or largest[0].get('kind')})."
         )
     return text
 

@@ -162,3 +162,54 @@ def test_where_the_rest_goes_is_a_section_and_a_summary_note(findings: dict[str,
     assert [s.number for s in content.stages if s.anchor in ("gap", "rest")] == ["3.5", "3.6"]
     assert any("Section 3.6 splits each measured step" in n for n in content.summary_notes)
     assert rest_section({"measurement": {}}, "3.6").ran is False
+
+
+PROBED: dict[str, Any] = {
+    "method": "torch.sum over a 2048 MiB float32 buffer on the GPU",
+    "size_mib": 2048, "repeats": 3,
+    "nodes": {"spark-01": {"median_gbs": 204.1, "gbs": [204.1, 203.8, 204.4]},
+              "spark-02": {"median_gbs": 205.3, "gbs": [205.3, 205.0, 205.9]}},
+    "median_gbs": 204.7, "min_gbs": 204.1, "min_node": "spark-01", "failed": {}, "lab_s": 6.4,
+}
+
+
+def test_the_weights_line_says_the_measured_bandwidth_and_the_appendix_lists_each_repeat(
+    findings: dict[str, Any]
+) -> None:
+    entry = explain_step(
+        16.2, acceptance_len=None, k=None, profile=_profile(), nodes_facts=FACTS,
+        config={**CONFIG, "speculative": None}, measured_bw=PROBED,
+    )
+    findings["measurement"]["explain"] = {"configuration": "tuned", "code": entry, "memory_bandwidth": PROBED}
+    content = report_content(findings)
+    rest = next(s for s in content.stages if s.anchor == "rest")
+    text = _text(rest.blocks)
+    assert "Weights read for one step" in text and "measured bandwidth, catalog bytes" in text
+    assert "reached 205 GB/s of the 273 specified" in text
+    assert ("205 GB/s, the median over 2 nodes of each node's median of 3 streaming reads of a GPU buffer "
+            "(our node agent's memory bandwidth probe; the slowest node reached 204 GB/s)") in text
+    assert "The hardware's bound stays on the specified peak" in text
+    raw = next(a for a in content.appendices if a.anchor == "raw-runs")
+    table = next(b for b in raw.blocks if b.kind == "table" and b.columns[0] == "Node")
+    assert table.columns == ["Node", "Repeat 1", "Repeat 2", "Repeat 3", "Median"]
+    assert table.rows == [["spark-01", "204.1", "203.8", "204.4", "204.1"],
+                          ["spark-02", "205.3", "205.0", "205.9", "205.3"]]
+    assert "Memory bandwidth probe" in _text(raw.blocks)
+    assert "The probe took 6.4 s of lab time" in _text(raw.blocks)
+
+
+def test_without_a_measurement_the_rest_says_the_weights_are_at_the_peak(findings: dict[str, Any]) -> None:
+    bw = {"unavailable": "mem-bw-probe unsupported: mem-bw-probe needs torch with a CUDA GPU; none here"}
+    entry = explain_step(
+        16.2, acceptance_len=None, k=None, profile=_profile(), nodes_facts=FACTS,
+        config={**CONFIG, "speculative": None}, measured_bw=bw,
+    )
+    findings["measurement"]["explain"] = {"configuration": "tuned", "code": entry, "memory_bandwidth": bw}
+    content = report_content(findings)
+    text = _text(next(s for s in content.stages if s.anchor == "rest").blocks)
+    assert "estimate" in text and "273 GB/s each, the specified peak" in text
+    assert ("The weights' read is at the specified peak: preflight could not measure the memory bandwidth: "
+            "mem-bw-probe unsupported: mem-bw-probe needs torch with a CUDA GPU; none here.") in text
+    assert "measured on this lab before any engine started" not in text
+    raw = next(a for a in content.appendices if a.anchor == "raw-runs")
+    assert "Memory bandwidth probe" not in _text(raw.blocks)

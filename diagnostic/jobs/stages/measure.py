@@ -332,9 +332,14 @@ def explain_rest(ctx: StageContext, config: dict[str, Any], side: str, rates: di
                  bounds: dict[str, Any], facts: dict[str, Any], workloads: tuple[str, ...]) -> dict[str, Any]:
     """Where the rest goes, per workload (diagnostic.pipelines.explain): the measured step
     split into its parts, beside the distance to the roofline bound and to the lab's
-    baseline (the gap stage's section, when it ran). Only this day's measurements, the
-    lab's facts and its catalogs go in."""
+    baseline (the gap stage's section, when it ran). The weights are read at the memory
+    bandwidth preflight measured (its `memory_bandwidth`, kept here with its raw samples
+    for the report), or at the specified peak without one. Only this day's measurements,
+    the lab's facts and its catalogs go in."""
     profile, why = served_profile(config, ctx.catalog)
+    measured_bw = (ctx.earlier_result("preflight") or {}).get("memory_bandwidth")
+    if not isinstance(measured_bw, dict):
+        measured_bw = {"unavailable": "preflight did not run the memory bandwidth probe on this day"}
     no_spec, no_spec_source = _no_spec_rates(ctx)
     gap = ((ctx.earlier_result("gap") or {}).get("sections") or {}).get("gap") or {}
     baseline = gap.get("baseline") if isinstance(gap, dict) else None
@@ -345,7 +350,7 @@ def explain_rest(ctx: StageContext, config: dict[str, Any], side: str, rates: di
         version = f"v{baseline['version']}" if baseline.get("version") else None
         named = " ".join(str(p) for p in (baseline.get("source"), "baseline", version) if p)
     out: dict[str, Any] = {"configuration": side, "no_spec_source": no_spec_source,
-                           "baseline_source": named,
+                           "baseline_source": named, "memory_bandwidth": measured_bw,
                            **({"profile_missing": why} if profile is None else {})}
     for w in workloads:
         summary = rates.get(w) or {}
@@ -354,7 +359,7 @@ def explain_rest(ctx: StageContext, config: dict[str, Any], side: str, rates: di
             continue
         entry = explain_step(float(mean), acceptance_len=mean_acceptance_length(config, summary),
                              k=spec.get("num_speculative_tokens"), profile=profile, nodes_facts=facts,
-                             config=config, no_spec_tps=no_spec.get(w))
+                             config=config, no_spec_tps=no_spec.get(w), measured_bw=measured_bw)
         entry["to_bound"] = distance(float(mean), (bounds.get(w) or {}).get("bound_tps"))
         base = base_rates.get(w) if isinstance(base_rates, dict) else None
         entry["to_baseline"] = distance(float(mean), (base or {}).get("mean_tps")) if base else None

@@ -56,7 +56,8 @@ def test_it_refuses_an_unknown_verb_with_exit_2_naming_the_verbs() -> None:
     assert ans.envelope["verb"] == "frobnicate"
     assert ans.error["code"] == "usage"
     assert "'frobnicate'" in ans.error["message"]
-    for verb in ("self-check", "facts", "sampler", "telemetry", "launch", "logs", "fp4-probe"):
+    for verb in ("self-check", "facts", "sampler", "telemetry", "launch", "logs", "fp4-probe",
+                 "mem-bw-probe"):
         assert verb in ans.error["message"]
 
 
@@ -180,7 +181,7 @@ def test_the_schema_describes_every_verb_and_the_sample() -> None:
     defs = agent_schema()["$defs"]
     assert set(defs["verb"]["enum"]) == {
         "self-check", "facts", "sampler start", "sampler stop", "telemetry", "launch", "stop",
-        "status", "logs", "drop-caches", "fp4-probe"}
+        "status", "logs", "drop-caches", "fp4-probe", "mem-bw-probe"}
     with pytest.raises(AgentResponseError, match="gpu_util"):
         validate_sample({"t": 1.0, "cpu": {"user": 1, "system": 1, "iowait": 0, "idle": 98},
                          "mem": {"available_kib": 1, "cached_kib": 1, "swap_used_kib": 0},

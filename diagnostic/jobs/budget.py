@@ -2,19 +2,20 @@
 
 METHODOLOGY.md wants the whole day on the reference 8-node lab in two lab hours. Measured
 on the simulated reference lab at dilation 45 (`diagnose` on the out-of-box configuration,
-2026-12-05, with the gap stage) it takes 6,729 lab s: preflight 21, reproduce 1,485 (the
-customer's true cold start, 562, and the customer's measurement where it then serves),
-triage 1,445 (attributed on reproduce's start, plus the one start that gives every
-cold-start cause two true cold starts a side), fp4 941 (rates without speculation; the
-first correct candidate was within 5 % of the default), specdec 1,867 (the customer's
-setting confirmed, no speculation and one n-gram probe screened, two finalists confirmed),
-gap 20 (nothing differs from the lab's baseline; the node facts it asked for now come
-from preflight), measure 944 (one tuned true cold start, vLLM's cache-hit line showing it
-compiled nothing, and the tuned measurement), report 7.
-It was 6,055 before the cold-start proof and 10,470 before reproduce measured the
-customer in place. The same day on SGLang 0.5.23 takes 7,871: SGLang reports no
-acceptance per position, so the speculative search measures each draft length it
-considers (3,538 lab s). The default day budget stays three lab hours so that a fault
+2026-12-05, at 5289bce) it takes 6,713 lab s: preflight 30 (with the memory-bandwidth
+probe), reproduce 1,456 (the customer's true cold start, 562, and the customer's
+measurement where it then serves), triage 1,735 (attributed on reproduce's start; one more
+customer start, so that the day's cold-start change has two a side, and one start of every
+proved change, which gives each cause's phase two a side), fp4 881 (rates without
+speculation; the first correct candidate was within 5 % of the default), specdec 1,678
+(no speculation read from the FP4 stage's runs, the customer's setting confirmed, one
+n-gram probe screened, two finalists confirmed), gap 18 (nothing differs from the lab's
+baseline), measure 911 (one tuned true cold start, vLLM's cache-hit line showing it
+compiled nothing, and the tuned measurement), report 3.
+It was 6,419 to 6,729 with one customer start and 10,470 before reproduce measured the
+customer in place. The same day on SGLang 0.5.23 took 7,871 with one customer start:
+SGLang reports no acceptance per position, so the speculative search measures each draft
+length it considers (3,538 lab s). The default day budget stays three lab hours so that a fault
 scenario's extra starts do not cut the measurement. Each stage gets what is left of the
 day once the stages after it have their reserve: the lab seconds each needs to do its work at all on an
 8-node Kimi K2-class day, measured on the reference lab. A stage that runs out stops early
@@ -36,9 +37,9 @@ RESERVE_LAB_S = {
     # The customer's true cold start (~630 lab s with the platform's own calls) and, on a
     # day that measures, its n = 15 measurement where it serves (~850).
     "reproduce": 1500.0,
-    # The three cumulative steps, attributed on reproduce's start, and the one start the
-    # cold-start proof adds (~1,450 measured).
-    "triage": 1500.0,
+    # One more customer start, the three cumulative steps and the one start the cold-start
+    # proof adds (~1,735 measured).
+    "triage": 1800.0,
     # The default's checks, its restart without speculation and rate, the engine's list,
     # two candidates (~1,300 measured; ~1,000 when the first is shown to cost nothing).
     "fp4": 1300.0,

@@ -362,6 +362,11 @@ def run_triage(session: LabSession, config: dict[str, Any], *, log: Callable[[st
     # A step that did not prove itself changes what the proof needs: fill what is left.
     extra += phase_proof_starts(triage, [before, *(r[2] for r in runs), *extra], [], fixes, proved,
                                 after.config)
+    if after is not before:
+        # A proof start of the final configuration itself is one more sample of the day's after.
+        for start in extra:
+            if start is not after and _launch_key(start.config) == _launch_key(after.config):
+                after.add_start(start)
     progress(95, "writing the cold-start section")
     built = rp.build_result(before, after, runs, fixes, proved, triage.notes, triage.steps,
                             lab_time_s=triage.spent(), extra=extra)

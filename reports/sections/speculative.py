@@ -91,6 +91,15 @@ def search_paragraph(spec: Mapping[str, Any]) -> str:
     if borrowed:
         text += (" Without speculation, the screening runs are those of " + " and ".join(borrowed)
                  + ": the same configuration and protocol, so they were not taken twice.")
+    margin = as_number(protocol.get("bound_margin"))
+    for search in spec.get("searches") or []:
+        if not isinstance(search, Mapping) or not search.get("ruled_out_k"):
+            continue
+        lengths = ", ".join(str(k) for k in search["ruled_out_k"])
+        text += (f" {search.get('method')} at k = {lengths} was not measured: the mean accepted length and "
+                 "the rate it showed at the lengths measured bound its rate there below the fastest setting "
+                 "read so far on every workload"
+                 + (f", by more than {fig.percent(margin)}." if margin is not None else "."))
     notes = (spec.get("space") or {}).get("notes") or {}
     skipped = [f"{m} was {why}" for m, why in notes.items() if str(why).startswith("not tried")]
     if skipped:

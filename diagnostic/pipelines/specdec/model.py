@@ -142,3 +142,27 @@ def fit(observations: Sequence[Observation], none_rates: Mapping[str, float]) ->
             model.positions[(method, w)] = pooled
     return model
 
+
+
+def rate_bound(k: int, *, k0: int, accept_len: float, rate: float, none_rate: float) -> float | None:
+    """The highest delivered rate length `k` can reach, from one trial at length `k0` whose
+    engine reported only the mean accepted length (SGLang's `accept len`, E(k0) tokens a
+    step), its delivered `rate`, and the workload's rate without speculation.
+
+    Two facts bound it. The share of drafts accepted at position j cannot exceed position
+    j - 1's, and no more than every draft token is accepted: E(k) <= 1 + min(k, E(k0) - 1)
+    below k0 and E(k) <= 1 + k (E(k0) - 1) / k0 above it. A step does not get cheaper with
+    more draft tokens, and drafting and verifying cost about linearly in k (the premise of
+    the acceptance model above, with the same intercept): below k0 the step takes at least
+    T0 + b k, T0 = 1 / none_rate and b = (E(k0) / rate - T0) / k0, the line through what
+    was measured (a step time that grows less than linearly lies above it); above k0 at
+    least the step measured at k0. None where the inputs cannot give a bound."""
+    if k < 1 or k0 < 1 or rate <= 0 or none_rate <= 0 or accept_len < 1.0:
+        return None
+    accepted = accept_len - 1.0
+    t0 = 1.0 / none_rate
+    t_k0 = accept_len / rate
+    if k <= k0:
+        slope = max(0.0, (t_k0 - t0) / k0)
+        return (1.0 + min(float(k), accepted)) / (t0 + slope * k)
+    return (1.0 + min(float(k), k * accepted / k0)) / max(t_k0, t0)

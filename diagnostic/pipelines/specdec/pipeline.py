@@ -45,7 +45,7 @@ from diagnostic.pipelines.specdec.decide import (
     confirmed_summary,
     decide_workload,
 )
-from diagnostic.pipelines.specdec.model import Observation, RateModel, fit
+from diagnostic.pipelines.specdec.model import Observation, RateModel, fit, rate_bound
 from diagnostic.pipelines.specdec.search import (
     MAX_TRIALS_PER_METHOD,
     NO_SPECULATION,
@@ -80,6 +80,11 @@ RUNNER_UP_WITHIN = 0.02
 # A method past its peak whose best length is significantly below (one-sided Welch) the
 # leading setting on every workload is not refined further.
 PRUNE_ALPHA = 0.01
+# A length is not screened when the most its method's own evidence lets it reach, raised by
+# this share (five runs' means spread a few percent), stays below the leader on every
+# workload (model.rate_bound; engines that report acceptance per position are searched on
+# the acceptance model instead).
+BOUND_MARGIN = 0.10
 DEFAULT_K = 4  # the common default draft length
 # Lengths screened too when the engine reports no acceptance per position (search.py).
 FALLBACK_SEEDS = (1, 2)
@@ -692,6 +697,45 @@ class _Run:
         return True
 
 
+def ruled_out_by_bound(run: _Run, setting: Setting, workloads: Sequence[str]) -> str | None:
+    """Why `setting` need not be screened: on every workload the highest rate its method's
+    own trials allow it (model.rate_bound, from each trial's mean accepted length, rate and
+    the rate without speculation), raised by BOUND_MARGIN, is below the leader read so far.
+    None when it may be a finalist, or when the evidence cannot say: no speculation or the
+    method not measured yet, or the engine reports acceptance per position (the acceptance
+    model searches those)."""
+    if setting.method == NONE:
+        return None
+    rows = [t for t in run.trials
+            if t.get("status") == "measured" and t["method"] == setting.method and t.get("samples")]
+    if not rows or any((t.get("acceptance") or {}).get("per_position") for t in rows):
+        return None
+    read = run.runs_read()
+    without = read.get(NO_SPECULATION) or {}
+    said = []
+    for w in workloads:
+        if not without.get(w):
+            return None
+        rated = [(s, ranking_mean(v[w])) for s, v in read.items() if v.get(w)]
+        leader, leader_rate = max(rated, key=lambda sr: sr[1])
+        bounds = []
+        for t in rows:
+            accept = (t.get("acceptance") or {}).get("mean_acceptance_length")
+            if t["workload"] != w or accept is None:
+                continue
+            bound = rate_bound(setting.k, k0=int(t["k"]), accept_len=float(accept),
+                               rate=ranking_mean(t["samples"]), none_rate=ranking_mean(without[w]))
+            if bound is not None:
+                bounds.append((bound, int(t["k"])))
+        if not bounds:
+            return None
+        bound, k0 = max(bounds)
+        if bound * (1.0 + BOUND_MARGIN) >= leader_rate:
+            return None
+        said.append(f"{w} at most {bound:.1f} tok/s (from k = {k0}), {leader.label} {leader_rate:.1f}")
+    return "its own acceptance and step time bound it below the leader: " + "; ".join(said)
+
+
 def run_specdec(
     session: LabSession,
     config: Mapping[str, Any],
@@ -865,6 +909,12 @@ def run_specdec(
         leader = max(rated, key=lambda s: ranking_mean(rated[s]))
         return leader != setting and below_p(rated[setting], rated[leader]) < PRUNE_ALPHA
 
+    def bounded_out(setting: Setting) -> str | None:
+        why = ruled_out_by_bound(run, setting, workloads)
+        if why:
+            log(f"specdec: {setting.label} not screened: {why}")
+        return why
+
     # Seeds: the customer's length for their method, the common default for EAGLE-3, and
     # the default as a first probe of a method the customer does not use. Where the engine
     # reports acceptance per position, one trial at a length gives the model every shorter
@@ -895,6 +945,7 @@ def run_specdec(
                 max_trials=min(allowed[method], MAX_TRIALS_PER_METHOD),
                 predict=predict,
                 fallback_seeds=FALLBACK_SEEDS,
+                ruled_out=bounded_out,
             )
             found_by[method] = found
             limited = found.stopped.startswith("trial limit")
@@ -1125,6 +1176,7 @@ def _section(
             "screen": run.screen_protocol.describe(),
             "confirm": run.confirm_protocol.describe(),
             "restart": "warm: engine stopped and started again, page cache and JIT cache kept",
+            "bound_margin": BOUND_MARGIN,
             "confirm_length": dict(confirm_length),
             "note": f"Screening asks for {run.screen_protocol.max_tokens} tokens a run after one warm-up "
             f"run; confirmation for {run.confirm_protocol.max_tokens}: {confirm_length['why']}. The decode "

@@ -61,6 +61,8 @@ Below = Callable[[Setting, str], bool]
 # The method's predicted rate per workload and length from the evidence so far (model.py);
 # a workload without one is searched on its measured rates alone.
 Predict = Callable[[str], "Mapping[str, Mapping[int, float]]"]
+# Why a setting need not be screened (its rate bounded below the leader everywhere), or None.
+RuledOut = Callable[[Setting], "str | None"]
 
 
 @dataclass
@@ -76,6 +78,9 @@ class KSearch:
     # workload -> length -> rate the acceptance model predicts (every length up to the
     # longest whose acceptance the engine reported), when the engine reports acceptance.
     predicted: dict[str, dict[int, float]] = field(default_factory=dict)
+    # length -> why it was not measured: the method's own evidence bounds its rate there
+    # below the leader on every workload.
+    ruled_out: dict[int, str] = field(default_factory=dict)
 
     def best(self, workload: str) -> int | None:
         """The measured length with the highest rate on `workload` (the shorter on a tie:
@@ -93,6 +98,7 @@ class KSearch:
             "refused_k": self.refused,
             "best_k": {w: self.best(w) for w in sorted({w for r in self.rates.values() for w in r})},
             "predicted_best_k": {w: self.predicted_best(w) for w in sorted(self.predicted)},
+            "ruled_out_k": {str(k): why for k, why in sorted(self.ruled_out.items())},
             "stopped": self.stopped,
         }
 
@@ -135,7 +141,7 @@ def next_lengths(search: KSearch, workloads: Sequence[str]) -> list[int]:
             wanted.add((best + above[0]) // 2)
         elif left_gap > 1:
             wanted.add((left + best + 1) // 2 if left else max(1, best // 2))
-    done = set(search.rates) | set(search.refused)
+    done = set(search.rates) | set(search.refused) | set(search.ruled_out)
     return sorted(k for k in wanted if k not in done and 1 <= k <= ceiling)
 
 
@@ -151,6 +157,7 @@ def search_k(
     below_leader: Below | None = None,
     predict: Predict | None = None,
     fallback_seeds: Iterable[int] = (),
+    ruled_out: RuledOut | None = None,
 ) -> KSearch:
     """Search k in 1..k_max for `method`: seed lengths first, then the unimodal refinement.
 
@@ -166,7 +173,9 @@ def search_k(
     for a workload, the search only lengthens the draft while the predicted peak is at the
     longest length measured, and refines nothing by bisection. `fallback_seeds`: lengths
     screened too when the seeds leave the model without a curve (the engine reports no
-    acceptance per position), before the refinement on measured rates.
+    acceptance per position), before the refinement on measured rates. `ruled_out`: why a
+    length cannot be a finalist by the method's own evidence (None when it may be); such a
+    length is not screened, and the search goes on as if it had been measured slower.
     """
     search = KSearch(method, k_max)
     pending = sorted({k for k in seeds if 1 <= k <= k_max})
@@ -185,7 +194,11 @@ def search_k(
             if not pending:
                 break
         k = pending.pop(0)
-        if k > search.k_max or k in search.rates or k in search.refused:
+        if k > search.k_max or k in search.rates or k in search.refused or k in search.ruled_out:
+            continue
+        why = ruled_out(Setting(method, k)) if ruled_out is not None and search.rates else None
+        if why:
+            search.ruled_out[k] = why
             continue
         if trials >= max_trials:
             search.stopped = f"trial limit ({max_trials}) reached"
@@ -209,6 +222,9 @@ def search_k(
     search.stopped = search.stopped or (
         "converged: the acceptance model's peak lies inside the lengths measured on every workload"
         if search.predicted and all(search.predicted.get(w) for w in workloads)
+        else "converged: the lengths left are bounded below the leader by its own evidence (k = "
+        + ", ".join(str(k) for k in sorted(search.ruled_out)) + ")"
+        if search.ruled_out
         else "converged: every workload's best length has measured neighbours"
     )
     return search

@@ -13,9 +13,10 @@ n-gram probe screened, two finalists confirmed), gap 18 (nothing differs from th
 baseline), measure 911 (one tuned true cold start, vLLM's cache-hit line showing it
 compiled nothing, and the tuned measurement), report 3.
 It was 6,419 to 6,729 with one customer start and 10,470 before reproduce measured the
-customer in place. The same day on SGLang 0.5.23 took 7,871 with one customer start:
-SGLang reports no acceptance per position, so the speculative search measures each draft
-length it considers (3,538 lab s). The default day budget stays three lab hours so that a fault
+customer in place. The same day on SGLang 0.5.23 takes 7,234 (at 17e0285; 7,871 with one
+customer start and before specdec bounded lengths by their mean accepted length): SGLang
+reports no acceptance per position, so the speculative search measures each EAGLE-3 length
+it considers (specdec 2,215 lab s). The default day budget stays three lab hours so that a fault
 scenario's extra starts do not cut the measurement. Each stage gets what is left of the
 day once the stages after it have their reserve: the lab seconds each needs to do its work at all on an
 8-node Kimi K2-class day, measured on the reference lab. A stage that runs out stops early

@@ -934,7 +934,11 @@ class EngineProcess:
             cap = native * KV_BUDGET_FRACTION if fault["kv_budget"] is True else float(fault["kv_budget"])
             available = min(available, cap)
         available = max(0.0, available)
-        if available < needed:
+        # vLLM refuses a context its KV cache cannot hold; SGLang sizes its pool from memory
+        # alone, starts with a pool shorter than its context, and refuses only a pool of no
+        # token at all (pool_configurator.py's "Not enough memory"); longer requests are
+        # refused when they arrive (lab.sim.http).
+        if available < needed and (self.engine != "sglang" or available * GIB < per_token):
             self._kv_refusal(max_len, needed, available, per_token)
         tokens = int(available * GIB / per_token)
         self.kv_tokens = tokens

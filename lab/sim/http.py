@@ -417,6 +417,18 @@ class _Handler(BaseHTTPRequestHandler):
             max_tokens = min(CHAT_NATURAL_REPLY_TOKENS, max(1, core.max_model_len - len(prompt_ids)))
         else:
             max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        if core.engine == "sglang" and len(prompt_ids) >= core.max_model_len:
+            raise RequestError(  # SGLang's tokenizer_manager.py, 0.5.12 and 0.5.23 alike
+                f"The input ({len(prompt_ids)} tokens) is longer than the model's context length "
+                f"({core.max_model_len} tokens)."
+            )
+        if core.engine == "sglang" and len(prompt_ids) + max_tokens > core.max_model_len:
+            raise RequestError(
+                f"Requested token count exceeds the model's maximum context length of {core.max_model_len} "
+                f"tokens. You requested a total of {len(prompt_ids) + max_tokens} tokens: {len(prompt_ids)} "
+                f"tokens from the input messages and {max_tokens} tokens for the completion. Please reduce "
+                "the number of tokens in the input messages or the completion to fit within the limit."
+            )
         if len(prompt_ids) + max_tokens > core.max_model_len:
             raise RequestError(
                 f"This model's maximum context length is {core.max_model_len} tokens. However, you "
@@ -424,6 +436,15 @@ class _Handler(BaseHTTPRequestHandler):
                 f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
                 param="max_tokens",
             )
+        if core.engine == "sglang" and core.kv_capacity:
+            # SGLang's scheduler (tp_worker.py, managers/utils.py validate_input_length):
+            # max_req_len = min(context length - 1, KV pool - 1), the input at most 5 fewer.
+            max_req_input_len = min(core.max_model_len - 1, int(core.kv_capacity) - 1) - 5
+            if len(prompt_ids) >= max_req_input_len:
+                raise RequestError(
+                    f"Input length ({len(prompt_ids)} tokens) exceeds the maximum allowed length "
+                    f"({max_req_input_len} tokens). Use a shorter input or enable --allow-auto-truncate."
+                )
         temperature = body.get("temperature", 1.0)
         if temperature is None:
             temperature = 1.0

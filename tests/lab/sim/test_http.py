@@ -131,6 +131,7 @@ def start(tokenizer_path: Path) -> Iterator[Callable[..., Started]]:
         speculative: dict[str, Any] | str | None = "default",
         engine: str = "vllm",
         max_model_len: int | None = None,
+        kv_capacity_tokens: int | None = None,
     ) -> Started:
         truth = _truth()
         truth["server_counts"] = server_counts
@@ -156,6 +157,7 @@ def start(tokenizer_path: Path) -> Iterator[Callable[..., Started]]:
             host="127.0.0.1",
             port=0,
             seed=seed,
+            kv_capacity_tokens=kv_capacity_tokens,
         )
         server.start()
         result = Started(server, httpx.Client(base_url=server.url, timeout=30, verify=False), logs)
@@ -477,6 +479,25 @@ def test_requests_beyond_the_context_length_are_refused(start: Callable[..., Sta
     )
     assert response.status_code == 400
     assert "maximum context length is 64 tokens" in response.json()["error"]["message"]
+
+
+def test_sglang_refuses_in_its_own_words_and_by_its_kv_pool(start: Callable[..., Started]) -> None:
+    """SGLang's tokenizer manager checks the context length, its scheduler the KV pool:
+    max_req_input_len = min(context - 1, pool - 1) - 5 (tp_worker.py, managers/utils.py in
+    0.5.12 and 0.5.23), so a pool shorter than the context refuses long inputs it admits."""
+    s = start(engine="sglang", max_model_len=64)
+    response = s.client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 100})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith(
+        "Requested token count exceeds the model's maximum context length of 64 tokens.")
+    pooled = start(engine="sglang", max_model_len=4096, kv_capacity_tokens=40)
+    response = pooled.client.post("/v1/completions", json={"prompt": list(range(100, 140)), "max_tokens": 4})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (
+        "Input length (40 tokens) exceeds the maximum allowed length (34 tokens). Use a shorter input or "
+        "enable --allow-auto-truncate.")
+    assert pooled.client.post("/v1/completions", json={"prompt": list(range(100, 120)),
+                                                       "max_tokens": 4}).status_code == 200
 
 
 def test_unknown_paths_are_404_and_bad_json_is_400(start: Callable[..., Started]) -> None:

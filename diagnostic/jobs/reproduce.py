@@ -591,9 +591,10 @@ def _start_and_prove(
 
 def _native_finding(ctx: StageContext, *, config: dict[str, Any], target: Any, plan: dict[str, Any],
                     outcome: dict[str, Any], config_changes: list[dict[str, Any]],
-                    refusal: dict[str, Any] | None) -> None:
+                    refusal: dict[str, Any] | None, pool_tokens: int | None = None) -> None:
     """context.native: the target held with the proved settings, the engine's words, the
-    request served and its lab seconds."""
+    request served and its lab seconds. `pool_tokens`: the KV pool of a configuration that
+    started at the target length with too small a pool to serve a request of it (SGLang)."""
     proof = outcome["proof"]
     settings = plan["settings"]
     words = settings_words(settings)
@@ -602,6 +603,10 @@ def _native_finding(ctx: StageContext, *, config: dict[str, Any], target: Any, p
         title = (f"The context of {length:,} tokens fits with {words}: the configuration as given does not "
                  f"start, and with {words} the engine started at {length:,} tokens and served a request of "
                  "that length")
+    elif pool_tokens is not None:
+        title = (f"The KV cache holds {pool_tokens:,} tokens, so a request longer than that is refused "
+                 f"although the context is set to {target.configured:,}; with {words} the engine started at "
+                 f"{length:,} tokens and served a request of that length")
     else:
         title = (f"The configuration runs at {target.configured:,} tokens while the context of "
                  f"{length:,} fits" + (f" with {words}" if settings else "")
@@ -622,6 +627,7 @@ def _native_finding(ctx: StageContext, *, config: dict[str, Any], target: Any, p
             **({"refusal": refusal} if refusal is not None else {}),
             "engine": plan["engine"],
             "plan": {k: plan[k] for k in ("ceiling", "options", "chosen") if k in plan},
+            **({"pool_tokens": pool_tokens} if pool_tokens is not None else {}),
             "engine_lines": proof.get("engine_lines") or [],
             "request": {k: proof.get(k) for k in ("max_model_len", "prompt_tokens", "completion_tokens",
                                                   "total_tokens", "finish_reason", "lab_s")},
@@ -699,7 +705,13 @@ def native_context_check(ctx: StageContext, config: dict[str, Any],
     if said is not None:
         record["engine"] = said.as_dict()
         record["engine_lines"] = capacity_lines(log_text, engine)
-    if not target.below:
+    # SGLang starts with a KV pool smaller than its context length and refuses, at serving
+    # time, a request longer than the pool (its scheduler's max_req_input_len): the length
+    # configured is then not the length served. vLLM refuses to start instead.
+    short = said is not None and said.tokens is not None and said.tokens < target.target
+    if short and said is not None:
+        record["pool_tokens"] = said.tokens
+    if not target.below and not short:
         return [], record
     if said is None:
         record["why"] = "the engine's log gives no KV capacity to reason with"
@@ -716,7 +728,8 @@ def native_context_check(ctx: StageContext, config: dict[str, Any],
     fixes = _context_changes(config, plan["settings"], target.target, why)
     native = apply_changes(config, fixes)
     held = f", with {settings_words(plan['settings'])}" if plan["settings"] else ""
-    ctx.log(f"context: runs at {target.configured:,} tokens while its KV cache ({said.tokens or 0:,} tokens"
+    served = target.configured if target.below else said.tokens or 0
+    ctx.log(f"context: serves at most {served:,} tokens while its KV cache ({said.tokens or 0:,} tokens"
             f"{held}) should hold {target.target:,}; starting it at {target.target:,} to prove it")
     ctx.progress(90, f"proving the context of {target.target:,} tokens")
     launched, _, _, outcome = _start_and_prove(ctx, native, target.target, cold=False, sampled=False)
@@ -728,5 +741,5 @@ def native_context_check(ctx: StageContext, config: dict[str, Any],
     record["proof"] = outcome["proof"]
     record["settings"] = plan["settings"]
     _native_finding(ctx, config=config, target=target, plan=plan, outcome=outcome, config_changes=fixes,
-                    refusal=None)
+                    refusal=None, pool_tokens=None if target.below else said.tokens)
     return fixes, record

@@ -153,3 +153,28 @@ def test_sglang_below_native_is_read_from_its_own_kv_line_and_proved(
     assert finding["change"]["config"] == {"serving.max_model_len": {"from": 131072, "to": NATIVE}}
     assert any("KV cache allocated" in line for line in finding["evidence"]["engine_lines"])
     assert finding["evidence"]["request"]["total_tokens"] == NATIVE
+
+
+def test_sglang_whose_kv_pool_is_shorter_than_its_context_gets_native_proved(
+    tmp_path: Path, sim_state_dir: Path
+) -> None:
+    """SGLang starts with a bf16 KV pool of about 220k tokens (14.4 GiB / 70,272 bytes) at a
+    context of 262,144 and refuses longer requests when they come: the length configured is
+    not the length served. Its own capacity line says so; fp8 holds the native context, and
+    a start and one request of it prove it."""
+    sglang = REFERENCE_CONFIG.parent / "kimi-k2-8spark-sglang.yaml"
+    config = tmp_path / "customer.yaml"
+    config.write_text(sglang.read_text().replace("kv_cache_dtype: fp8", "kv_cache_dtype: auto"))
+    scenario = fast_scenario(tmp_path, REFERENCE_SCENARIO.parent / "reference-kimi-k2-8spark-sglang.yaml")
+    out = tmp_path / "out"
+    call_command("diagnose", "--config", str(config), "--lab", f"sim:{scenario}", "--out", str(out),
+                 "--stages", "preflight,reproduce", stdout=io.StringIO())
+    document = json.loads((out / "findings.json").read_text())
+    validate_findings(document)
+    assert document["job"]["status"] == "succeeded"
+    assert not [f for f in document["findings"] if f["code"] in ("load.kv_budget", "lab.engine_crash")]
+    (finding,) = [f for f in document["findings"] if f["code"] == "context.native"]
+    assert finding["change"]["config"] == {"serving.kv_cache_dtype": {"from": "auto", "to": "fp8"}}
+    pool = finding["evidence"]["pool_tokens"]
+    assert 200_000 < pool < NATIVE and f"holds {pool:,} tokens" in finding["title"]
+    assert finding["evidence"]["request"]["total_tokens"] == NATIVE

@@ -348,6 +348,7 @@ def build_result(before: ColdStart, after: ColdStart,
     for start in [p for s in [before, *(r[2] for r in runs), *extra] for p in s.physical()]:
         if not any(start is s for s in starts):
             starts.append(start)
+    starts.sort(key=lambda s: s.started_at)  # in the order they were taken
     waterfall = [waterfall_entry("customer configuration", before, fixes=None, changes=[], mode="baseline",
                                  before=before)]
     added: dict[str, tuple[ColdStart, ColdStart]] = {}

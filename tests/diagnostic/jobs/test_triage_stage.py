@@ -37,8 +37,9 @@ def test_triage_proves_the_reference_story_from_reproduces_cold_start(tmp_path: 
     assert base["n"] == 2 and base["samples_s"][0] == pytest.approx(reproduce["cold_start_s"], abs=0.1)
     assert cold["steps"][0]["lab_s"] == 0.0 and cold["steps"][1]["lab_s"] > 0
     names = [s["start"] for s in cold["starts"]]
-    assert names[:2] == ["before", "reproduce"]
-    assert cold["starts"][1]["cold_start_s"] == pytest.approx(reproduce["cold_start_s"], abs=0.1)
+    assert names[:2] == ["reproduce", "before"]  # in the order they were taken
+    assert cold["starts"][0]["cold_start_s"] == pytest.approx(reproduce["cold_start_s"], abs=0.1)
+    assert names[-2:] == ["proof: every proved change", "persisted JIT cache"]
     # One true cold start per step, each change added to the ones before it: the last step
     # is every change together, minutes faster, with no signature left.
     steps = cold["waterfall"][1:]

@@ -761,6 +761,14 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
         "memory_pool_end": LineFinder(r"Memory pool end"),
         "memory_pool": LineFinder(r"^max_total_num_tokens=|max_total_num_tokens=\{"),
         "not_enough_memory": LineFinder(r"[Nn]ot enough memory"),
+        # A KV pool shorter than the context (0.5.23's tp_worker.py warns; 0.5.12 does not),
+        # and the refusals of a request longer than the pool or the context.
+        "kv_pool_short": LineFinder(r"^KV pool holds", paths=("sglang/srt/managers/",)),
+        "input_too_long": LineFinder(r"exceeds the maximum allowed length", paths=("sglang/srt/managers/",)),
+        "context_too_long": LineFinder(r"is longer than the model's context length "
+                                       r"\(\{self\.context_len\} tokens\)\.$|"
+                                       r"^Requested token count exceeds the model's maximum context length",
+                                       paths=("sglang/srt/managers/",)),
         "trust_remote_code": LineFinder(r"^(?=.{40}).*trust[_-]remote[_-]code",
                                         paths=("sglang/srt/utils/hf_transformers",
                                                "sglang/srt/configs/")),

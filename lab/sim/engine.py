@@ -953,6 +953,9 @@ class EngineProcess:
                 self.log(t, line, line.fmt(num_tokens=tokens, kv_size_GB=available))
             pool = rel.line("memory_pool_end")
             self.log(t, pool, pool.fmt({"get_available_gpu_memory(self.device, self.gpu_id)": free}))
+            if tokens < max_len and rel.has_line("kv_pool_short"):
+                short = rel.line("kv_pool_short")  # 0.5.23's warning; 0.5.12 writes none
+                self.log(t, short, short.pct(tokens, max_len))
         else:
             avail = rel.line("available_kv_memory")
             self.log(t, avail, avail.pct(round(available, 2)))

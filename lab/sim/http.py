@@ -417,18 +417,15 @@ class _Handler(BaseHTTPRequestHandler):
             max_tokens = min(CHAT_NATURAL_REPLY_TOKENS, max(1, core.max_model_len - len(prompt_ids)))
         else:
             max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-        if core.engine == "sglang" and len(prompt_ids) >= core.max_model_len:
-            raise RequestError(  # SGLang's tokenizer_manager.py, 0.5.12 and 0.5.23 alike
-                f"The input ({len(prompt_ids)} tokens) is longer than the model's context length "
-                f"({core.max_model_len} tokens)."
-            )
-        if core.engine == "sglang" and len(prompt_ids) + max_tokens > core.max_model_len:
-            raise RequestError(
-                f"Requested token count exceeds the model's maximum context length of {core.max_model_len} "
-                f"tokens. You requested a total of {len(prompt_ids) + max_tokens} tokens: {len(prompt_ids)} "
-                f"tokens from the input messages and {max_tokens} tokens for the completion. Please reduce "
-                "the number of tokens in the input messages or the completion to fit within the limit."
-            )
+        if core.engine == "sglang":
+            # SGLang's tokenizer manager checks the context length first, in its own words.
+            n, total = len(prompt_ids), len(prompt_ids) + max_tokens
+            values = {"input_token_num": n, "self.context_len": core.max_model_len, "total_tokens": total,
+                      "max_new_tokens": max_tokens}
+            if n >= core.max_model_len:
+                raise RequestError(core.release.line("context_too_long", startswith="The input").fmt(values))
+            if total > core.max_model_len:
+                raise RequestError(core.release.line("context_too_long", startswith="Requested").fmt(values))
         if len(prompt_ids) + max_tokens > core.max_model_len:
             raise RequestError(
                 f"This model's maximum context length is {core.max_model_len} tokens. However, you "
@@ -441,10 +438,8 @@ class _Handler(BaseHTTPRequestHandler):
             # max_req_len = min(context length - 1, KV pool - 1), the input at most 5 fewer.
             max_req_input_len = min(core.max_model_len - 1, int(core.kv_capacity) - 1) - 5
             if len(prompt_ids) >= max_req_input_len:
-                raise RequestError(
-                    f"Input length ({len(prompt_ids)} tokens) exceeds the maximum allowed length "
-                    f"({max_req_input_len} tokens). Use a shorter input or enable --allow-auto-truncate."
-                )
+                raise RequestError(core.release.line("input_too_long").fmt(
+                    {"len(req.origin_input_ids)": len(prompt_ids), "max_req_input_len": max_req_input_len}))
         temperature = body.get("temperature", 1.0)
         if temperature is None:
             temperature = 1.0

@@ -170,6 +170,27 @@ def test_a_bf16_kv_cache_at_full_context_does_not_fit_even_without_the_fault(sim
     assert "KV cache is needed, which is larger than the available KV cache memory" in text
 
 
+def test_sglang_starts_with_a_kv_pool_shorter_than_its_context_and_says_so(
+        make_lab: Callable[..., SimLab]) -> None:
+    """SGLang 0.5.23 sizes its pool from memory, not from the context: bf16 at 262,144 tokens
+    starts, its capacity line names the shorter pool, and tp_worker.py's warning follows."""
+    import yaml
+
+    from tests.diagnostic.conftest import REFERENCE_CONFIG
+
+    lab = make_lab("reference-kimi-k2-8spark-sglang")
+    config = yaml.safe_load((REFERENCE_CONFIG.parent / "kimi-k2-8spark-sglang.yaml").read_text())
+    config["serving"]["kv_cache_dtype"] = "auto"
+    head = wait_ready(launch(lab, config))
+    text = head.log_path.read_text()
+    allocated = re.search(r"KV cache allocated\. .*#tokens: (\d+)", text)
+    warned = re.search(r"KV pool holds (\d+) tokens, fewer than --context-length 262144\. One full-length "
+                       r"request cannot fit", text)
+    assert allocated is not None and warned is not None and allocated[1] == warned[1]
+    assert 200_000 < int(warned[1]) < 262144
+    assert lab.head.status()["exit_code"] is None
+
+
 def test_a_skewed_node_reports_everything_by_its_own_clock(make_lab: Callable[..., SimLab]) -> None:
     import dataclasses
     import datetime

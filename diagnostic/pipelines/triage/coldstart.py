@@ -77,7 +77,8 @@ class ColdStart:
     stalls: list[StallGroup] = field(default_factory=list)
     missing_logs: list[str] = field(default_factory=list)
     # Every true cold start of this configuration measured (this one first); with more
-    # than one, `cold_start_s` is their mean. The evidence is this first start's.
+    # than one, `cold_start_s` is their mean. The stalls and timelines here are this first
+    # start's; each other start keeps its own in `repeats`.
     samples_s: list[float] = field(default_factory=list)
     # The other true cold starts whose seconds are in `samples_s`, each with its own
     # evidence: each is a start of its own for the proof on the phases.
@@ -90,10 +91,6 @@ class ColdStart:
             self.samples_s = [self.cold_start_s]
         if not self.own_s:
             self.own_s = self.cold_start_s
-
-    def add_sample(self, seconds: float) -> None:
-        self.samples_s.append(seconds)
-        self.cold_start_s = sum(self.samples_s) / len(self.samples_s)
 
     def add_start(self, other: ColdStart, *, first: bool = False) -> None:
         """Another true cold start of the same configuration: its seconds join the samples

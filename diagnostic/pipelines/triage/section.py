@@ -248,9 +248,9 @@ def _finding(before: ColdStart, cause: str, fix: Fix | None, step: tuple[ColdSta
         base, run = step
         impact = phase_impact(cause, fix, starts or [before, base, run]) if fix is not None else None
         if (impact is None or "ci95" not in impact) and len(base.samples_s) > 1 and len(run.samples_s) > 1:
-            # Repeated starts per step (each start keeps the first one's evidence, so its
-            # phase is one sample): the whole starts carry the interval instead, the start
-            # with the change against the one it was added to.
+            # The phases give no interval (a start whose log did not mark the phase), but
+            # the steps were repeated: the whole starts carry the interval instead, the
+            # start with the change against the one it was added to.
             impact = {"metric": "cold_start_s", "before": round(base.cold_start_s, 1),
                       "after": round(run.cold_start_s, 1), "n": min(len(base.samples_s), len(run.samples_s)),
                       "unit": "s", "better": "lower", "ci95": _delta_ci95(base, run),

@@ -24,6 +24,7 @@ No Django here: the portal, the CLI and the lab all use it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -34,6 +35,7 @@ from typing import Any
 import yaml
 
 from lab import env_policy as env_rules
+from lab.agent.agent import flag_value_problem
 
 SCHEMA = "diagnostic.config/1"
 
@@ -290,12 +292,35 @@ def secret_env_name(name: str) -> bool:
     return name in AUTH_ENV or _credential(name.upper().split("_"))
 
 
+@functools.cache
+def _secret_options() -> frozenset[str]:
+    """Every option string of the modelled releases whose name says it holds a credential
+    (--api-key, --ssl-keyfile-password, ...)."""
+    found: set[str] = set()
+    for engine in env_rules.load_policy()["engines"]:
+        for version in env_rules.modelled(engine):
+            for entry in env_rules._release(engine, version)["flags"].values():
+                found.update(o for o in entry["option_strings"] if o.startswith("--") and
+                             _credential(o[2:].upper().replace("-", "_").split("_")))
+    return frozenset(found)
+
+
+# The shortest prefix argparse could expand to a secret flag that is still read as one here:
+# "--api" (longer prefixes, "--api-k", are what a customer abbreviates to).
+_SECRET_PREFIX_CHARS = 5
+
+
 def secret_flag(flag: str) -> bool:
     """Whether the engine flag `flag` (`--api-key`, `--api_key`, `--ssl-keyfile-password`)
-    takes a secret as its value."""
+    takes a secret as its value, also when written as the abbreviation the engines' argparse
+    expands (`--api-k`)."""
     if not flag.startswith("-"):
         return False
-    return _credential(flag.lstrip("-").upper().replace("-", "_").split("_"))
+    if _credential(flag.lstrip("-").upper().replace("-", "_").split("_")):
+        return True
+    dashed = "--" + flag.lstrip("-").replace("_", "-")
+    return flag.startswith("--") and len(dashed) >= _SECRET_PREFIX_CHARS and any(
+        option.startswith(dashed) for option in _secret_options())
 
 
 def auth_flag(flag: str) -> bool:
@@ -628,10 +653,20 @@ def _choice_name(value: Any, field: str) -> str:
     return value
 
 
+def _served_name(value: Any, field: str) -> str:
+    """The name the engine serves the model under (--served-model-name): held to the flag
+    rule the lab's lists give that flag (lab/agent/agent.py flag_value_problem)."""
+    text = _argument(value, field)
+    problem = flag_value_problem(text, {"rule": "name"})
+    if problem is not None:
+        raise _fail(field, f"{shown(text)} is not accepted: the served model name {problem}")
+    return text
+
+
 def _model(raw: Any) -> dict[str, str]:
     data = _mapping(raw, "model", ("id", "quantization", "path"))
     return {
-        "id": _argument(data.get("id", REFERENCE_MODEL["id"]), "model.id"),
+        "id": _served_name(data.get("id", REFERENCE_MODEL["id"]), "model.id"),
         "quantization": _one_of(data.get("quantization", REFERENCE_MODEL["quantization"]),
                                 "model.quantization", QUANTIZATIONS),
         "path": _argument(data.get("path", REFERENCE_MODEL["path"]), "model.path"),

@@ -1,14 +1,16 @@
 """What vLLM and SGLang have in common: the release parsers, launch specs, and the launch record.
 
 Which flags an engine version has, and how its argparse reads them, comes from that
-version's table (lab.engines.argv over lab/engines/releases/*.json): nothing here lists
-flags. Each engine module holds only semantics: which flag carries which configuration
-field (`field_flags`), which flags the lab sets per node (`launch_flags`), and what a
-flag's value makes the engine load (`loads`, by the flag's dest), so that
-lab.engines.admission can hold it to the lab's catalog. Every other flag the version has
-is a pass-through: it travels in `extra_args` verbatim, unless `pass_problem` refuses it
-(a flag that points the engine at code, files or the network is set by the lab, never by
-a configuration).
+version's table (lab.engines.argv over lab/engines/releases/*.json); which of them a
+launch may carry, who sets each and what its value must be, from that version's reviewed
+list beside it (lab.flag_policy over lab/engines/releases/*.flags.yaml). Each engine
+module holds only semantics: which flag carries which configuration field
+(`field_flags`) and which flags the lab sets per node (`launch_flags`); the lists must
+agree with them (a test keeps them so). A flag a configuration passes in `extra_args` must
+be on the version's list without `set_by`, its value meeting its rule; it is stored under
+the listed spelling (an abbreviation expanded by the version's own parser) and its value
+as the parser read it, so that what is stored, masked, rendered and launched is the flag
+the engine will see.
 
 A command line cannot carry every field of a configuration; `UNCARRIED` lists the ones
 it cannot, and `launch_view` drops them, so that "the same configuration" can be
@@ -24,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from lab import flag_policy
 from lab.config import DEFAULT_ENGINE_VERSIONS, JIT_CACHE_ENV, ConfigError, shown
 from lab.engines.argv import EngineArgError, Given, Option, Parsed, ReleaseParser, release_parser
 from lab.engines.logs import Matcher
@@ -38,26 +41,6 @@ UNCARRIED = ("engine.version", "model.quantization", "cluster", "workloads", "re
 LAUNCH_SCHEMA = "lab.launch/1"
 MASTER_PORT = 29500  # torch.distributed rendezvous on the head's data address (vLLM)
 SGLANG_DIST_PORT = 5000  # SGLang's --dist-init-addr port
-
-# What a pass-through flag's value makes an engine load (Engine.loads).
-LOADS = ("remote_code", "tokenizer", "chat_template", "generation_config", "download_dir",
-         "compilation_config")
-
-# A pass-through flag whose dest has one of these words points the engine at code (plugins,
-# modules, classes, processors, middleware), at files, directories or the network, at the
-# hub, or at a JSON configuration that can name any of those: the lab sets such things
-# itself, so a configuration may not (the same rule as lab.config's for variables).
-REFUSED_DEST_WORDS = frozenset({
-    "plugin", "plugins", "module", "modules", "middleware", "cls", "class", "processor",
-    "processors", "path", "paths", "file", "files", "dir", "dirs", "directory", "root",
-    "url", "uri", "host", "addr", "address", "port", "endpoint", "endpoints", "ssl",
-    "otlp", "download", "revision", "token", "hf", "overrides", "lora", "transfer",
-    "events", "config", "corpus", "storage", "remote", "backend_path",
-})
-
-# ... and these dests, whose names do not say it: a tool server's address, a Unix socket's
-# path, and an executor backend that may name a class to import.
-REFUSED_DESTS = frozenset({"tool_server", "uds", "distributed_executor_backend"})
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+(\.\d*)?([eE][-+]?\d+)?$")
 
@@ -176,8 +159,6 @@ class Engine(ABC):
     field_flags: ClassVar[Mapping[str, str]]
     # Flags the lab sets per node (rank, rendezvous, HTTP address): never in a config.
     launch_flags: ClassVar[tuple[str, ...]]
-    # What a pass-through flag makes the engine load, by the option string (LOADS).
-    loads_flags: ClassVar[Mapping[str, str]]
     log_matchers: ClassVar[Sequence[Matcher]]
     # Matchers that also read the message of every error line and traceback (logs.parse_lines).
     error_matchers: ClassVar[Sequence[Matcher]] = ()
@@ -210,11 +191,12 @@ class Engine(ABC):
         return self._dests(parser, self.launch_flags)
 
     def loads(self, parser: ReleaseParser, option: Option) -> str:
-        """What `option`'s value makes the engine load ("" for nothing)."""
-        for flag, kind in self.loads_flags.items():
-            known = parser.option(flag)
-            if known is not None and known.dest == option.dest:
-                return kind
+        """What `option`'s value makes the engine load ("" for nothing), by the version's
+        list (`loads`)."""
+        for spelling in option.option_strings:
+            rule = flag_policy.rule_of(self.name, parser.version, spelling)
+            if rule is not None and rule.get("loads"):
+                return str(rule["loads"])
         return ""
 
     @abstractmethod
@@ -267,28 +249,69 @@ class Engine(ABC):
             return f"{shown(exc.flag)} is not a flag of {where} ({exc.error_line}); remove it"
         return exc.error_line
 
-    def pass_problem(self, parser: ReleaseParser, given: Given) -> str | None:
-        """Why `given` may not travel in extra_args (None when it may)."""
+    def listed(self, parser: ReleaseParser, given: Given) -> tuple[str, dict[str, Any]] | None:
+        """(the spelling the version's list holds for the option `given` names, its rule),
+        None when the list does not hold it."""
         option = given.option
-        if option.dest in self.launch_dests(parser):
-            return f"{given.written!r} is set by the lab for each node; remove it"
-        modelled = self.modelled_dests(parser)
-        if option.dest in modelled:
-            return f"{given.written!r} is set by {modelled[option.dest]}; set it there instead"
-        if self.loads(parser, option):
+        negative = (not option.value_of(given.written)) if option.action == "boolean" else None
+        spelling = flag_policy.listed_spelling(self.name, parser.version, option.option_strings,
+                                               given.written, negative)
+        if spelling is None:
             return None
-        words = set(option.dest.lower().split("_"))
-        refused = sorted(words & REFUSED_DEST_WORDS) or \
-            (["server, socket or class"] if option.dest in REFUSED_DESTS else [])
-        if refused:
-            return (f"{given.written!r} names a {refused[0]}: flags that point an engine at code, "
-                    "files, directories, the hub or the network are set by the lab, not by a "
-                    "configuration; remove it")
+        rule = flag_policy.rule_of(self.name, parser.version, spelling)
+        return (spelling, rule) if rule is not None else None
+
+    def _raw_values(self, given: Given) -> list[str]:
+        """The values `given` took, as written (`--flag=value` or the tokens after it)."""
+        head = given.tokens[0]
+        if "=" in head and head.startswith("--") and given.option.takes_value:
+            return [head.partition("=")[2]]
+        return [t for t in given.tokens[1:] if t != "--"]
+
+    def _canonical(self, given: Given, rule: Mapping[str, Any]) -> list[str]:
+        """The values of `given` as the list's rule checks them and the engine reads them:
+        a number as the version's converter read it (16k -> 16000), a word of the rule
+        (auto) as written, anything else as written."""
+        raw = self._raw_values(given)
+        if rule.get("rule") != "number":
+            return raw
+        words = [str(w) for w in rule.get("words") or []]
+        values = given.value if isinstance(given.value, list) else [given.value]
+        out = []
+        for written, value in zip(raw, values, strict=False):
+            if written in words or isinstance(value, bool) or not isinstance(value, int | float):
+                out.append(written)
+            else:
+                out.append(str(value) if isinstance(value, int) else repr(float(value)))
+        return out
+
+    def extra_problem(self, parser: ReleaseParser, given: Given) -> str | None:
+        """Why `given` may not travel in extra_args (None when it may): a flag the version's
+        list does not hold, one the lab or a field sets, or a value its rule refuses."""
+        where = shown_label(self.name, parser.version)
+        found = self.listed(parser, given)
+        if found is None:
+            return (f"{given.written!r} is not a flag the lab lets a configuration pass to {where} "
+                    f"(the flags it does, each with the values it takes, are listed in "
+                    f"{flag_policy.shown_path(self.name, parser.version)}); remove it")
+        spelling, rule = found
+        set_by = rule.get("set_by")
+        values = self._canonical(given, rule)
+        if set_by == "lab":
+            return f"{spelling!r} is set by the lab for each node; remove it"
+        if set_by is not None and not (values and all(v in (rule.get("passes") or ()) for v in values)):
+            return f"{spelling!r} is set by {set_by}; set it there instead"
+        for value in values:
+            problem = flag_policy.flag_value_problem(value, rule)
+            if problem is not None:
+                shown_value = "the value" if rule.get("rule") == "secret" else shown(value)
+                return f"{shown_value} is not accepted: {spelling} {problem} in {where}"
         return None
 
-    def check_extra_args(self, args: Sequence[str], version: str | None = None) -> Parsed:
-        """extra_args may hold pass-through flags of the version only (ConfigError
-        otherwise); returns them parsed."""
+    def check_extra_args(self, args: Sequence[str], version: str | None = None) -> list[str]:
+        """extra_args may hold flags of the version's list that a configuration may pass
+        (ConfigError otherwise); returns them as the list spells them, each flag's values
+        as the version's parser read them, abbreviations expanded."""
         parser = self.parser(version)
         try:
             parsed = parser.parse(args, partial=True)
@@ -298,11 +321,22 @@ class Engine(ABC):
             stray = next(str(v) for v in parsed.positionals.values() if v is not None)
             raise ConfigError("extra_args", f"{shown(stray)} is an extra argument "
                                             f"{parser.prog} does not take; remove it")
+        out: list[str] = []
         for given in parsed.given:
             problem = self.extra_problem(parser, given)
             if problem is not None:
                 raise ConfigError("extra_args", problem)
-        return parsed
+            found = self.listed(parser, given)
+            assert found is not None  # extra_problem refused it otherwise
+            spelling, rule = found
+            values = self._canonical(given, rule)
+            if "=" in given.tokens[0] and given.option.takes_value:
+                out.append(f"{spelling}={values[0]}")
+            else:
+                out += [spelling, *values]
+        return out
 
-    def extra_problem(self, parser: ReleaseParser, given: Given) -> str | None:
-        return self.pass_problem(parser, given)
+
+def shown_label(engine: str, version: str) -> str:
+    """"vLLM 0.34.0", as messages name a release."""
+    return flag_policy.release_list(engine, version)["label"]

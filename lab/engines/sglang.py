@@ -201,15 +201,12 @@ FIELD_FLAGS = {
 # Flags read with the speculative fields that carry no field of their own.
 _SPEC_STEPS = ("--speculative-num-steps", "--speculative-eagle-topk")
 LAUNCH_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr", "--host", "--port")
-LOADS_FLAGS = {"--trust-remote-code": "remote_code", "--tokenizer-path": "tokenizer",
-               "--chat-template": "chat_template", "--download-dir": "download_dir"}
 
 
 class Sglang(Engine):
     name = "sglang"
     field_flags: ClassVar[Mapping[str, str]] = FIELD_FLAGS
     launch_flags = LAUNCH_FLAGS
-    loads_flags: ClassVar[Mapping[str, str]] = LOADS_FLAGS
     log_matchers = LOG_MATCHERS
 
     def invocation(self, tokens: Sequence[str]) -> list[str] | None:

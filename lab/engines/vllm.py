@@ -304,16 +304,12 @@ SPEC_SHORTHANDS = {"--spec-method": "method", "--spec-model": "model",
                    "--spec-tokens": "num_speculative_tokens"}
 LAUNCH_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
                 "--host", "--port")
-LOADS_FLAGS = {"--trust-remote-code": "remote_code", "--tokenizer": "tokenizer",
-               "--chat-template": "chat_template", "--generation-config": "generation_config",
-               "--download-dir": "download_dir", "--compilation-config": "compilation_config"}
 
 
 class Vllm(Engine):
     name = "vllm"
     field_flags: ClassVar[Mapping[str, str]] = FIELD_FLAGS
     launch_flags = LAUNCH_FLAGS
-    loads_flags: ClassVar[Mapping[str, str]] = LOADS_FLAGS
     log_matchers = LOG_MATCHERS
     error_matchers = ERROR_MATCHERS
 
@@ -468,9 +464,3 @@ class Vllm(Engine):
                           port=values.get("port", 8000), master_addr=values.get("master_addr"),
                           master_port=values.get("master_port"))
         return raw, info
-
-    def extra_problem(self, parser: Any, given: Any) -> str | None:
-        # `--max-model-len auto` is the one modelled flag a field cannot hold.
-        if given.option.dest == "max_model_len" and given.value == AUTO_LENGTH:
-            return None
-        return super().extra_problem(parser, given)

@@ -441,10 +441,11 @@ def _imports(path: str) -> set[str]:
 def test_lab_config_is_a_leaf_that_never_imports_the_engines() -> None:
     # Not even inside a function: the engines build on the configuration, not the reverse.
     # The environment policy is data (lab/env_policy.yaml, the release tables read as
-    # JSON) and the agent's stdlib-only value rules: no engine code.
+    # JSON) and the agent's stdlib-only value rules (the served name's flag rule too): no
+    # engine code.
     import lab.env_policy
 
-    assert _imports(lab.config.__file__) == {"lab.env_policy"}
+    assert _imports(lab.config.__file__) == {"lab.env_policy", "lab.agent.agent"}
     assert _imports(lab.env_policy.__file__) == {"lab.agent.agent"}
 
 

@@ -74,8 +74,8 @@ def test_the_reported_attack_a_newline_smuggling_a_second_flag_is_refused() -> N
     with pytest.raises(ConfigError, match=r"extra_args\[0\].*U\+000A, a newline"):
         normalize_config(with_("extra_args", ["--tokenizer-mode=slow\n--trust-remote-code"]))
     # Without the newline the same flag is a pass-through the engine takes.
-    assert normalize_config(with_("extra_args", ["--tokenizer-mode=slow"]))["extra_args"] == [
-        "--tokenizer-mode=slow"]
+    assert normalize_config(with_("extra_args", ["--tokenizer-mode=hf"]))["extra_args"] == [
+        "--tokenizer-mode=hf"]
 
 
 @pytest.mark.parametrize("char, named", CONTROLS)

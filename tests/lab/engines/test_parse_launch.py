@@ -302,9 +302,9 @@ EXTRA_ARGS = {
 }
 # "None" is left out: vLLM's parser reads --served-model-name None as no name at all, so a
 # model id "None" does not round-trip (a finding of its own: intake could refuse it).
-ARGUMENT_TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1,
-                        max_size=24).filter(lambda s: s.strip() and not s.startswith("-")
-                                            and s != "None")
+# A served model name as the lab's flag lists take it (lab/agent/agent.py _NAME).
+ARGUMENT_TEXT = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,23}", fullmatch=True).filter(
+    lambda s: s != "None")
 # What the lab's catalog holds (lab/catalog.yaml): a model by its path or id, its draft.
 MODEL_PATHS = st.sampled_from(["/models/kimi-k2", "moonshotai/Kimi-K2-Instruct-0905"])
 DRAFTS = st.sampled_from(["AQ-MedAI/Kimi-K2-Instruct-eagle3", "/models/kimi-k2-eagle3"])

@@ -321,6 +321,19 @@ def _check_node(
         conditions.add("lab.link_speed", name, words, {"nic": nic, "speed_mbps": speed, "operstate": state,
                                                       "config_link_gbps": link_mbps / 1000})
 
+    # Engines run customers' configurations: never as root (the agent refuses the launch;
+    # preflight holds the day before any start is tried, naming the node's setting).
+    user = facts.get("engine_user")
+    if isinstance(user, dict):
+        user_ok = user.get("problem") is None and user.get("uid") != 0
+        checks.append({"check": "engine_user", "node": name, "ok": user_ok, "user": user.get("name"),
+                       "uid": user.get("uid")})
+        if not user_ok:
+            conditions.add("lab.engine_user", name,
+                           f"would run engines as {user.get('name')!r}: "
+                           f"{user.get('problem') or 'root'}",
+                           {"engine_user": user}, blocking=True)
+
     model_dir = facts.get("model_dir") or {}
     present = bool(model_dir.get("exists"))
     checks.append({"check": "model_dir", "node": name, "ok": present, "path": model_dir.get("path")})

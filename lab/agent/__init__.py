@@ -1,5 +1,5 @@
 """The node agent as the platform sees it: where agent.py is, its bytes (with the lab's
-environment policy written in) and checksum for pushing it to nodes, and the `lab.agent/1`
+environment and flag policies written in) and checksum for pushing it to nodes, and the `lab.agent/1`
 JSON Schema that the real agent's answers and the simulated nodes' answers are both
 validated against.
 
@@ -22,22 +22,27 @@ class AgentResponseError(ValueError):
     """An agent answer that does not match schema.json; the message names each field."""
 
 
-# The line of agent.py that the push fills with the compiled environment policy.
+# The lines of agent.py that the push fills with the compiled environment and flag policies.
 POLICY_LINE = b'ENV_POLICY_JSON = ""\n'
+FLAG_POLICY_LINE = b'FLAG_POLICY_JSON = ""\n'
 
 
 def agent_source() -> bytes:
     """The bytes of agent.py as copied to a node: the file with the lab's environment
-    policy (lab.env_policy.policy_json) written into its ENV_POLICY_JSON line, so that the
-    agent holds launch specs to the same list as intake and the checksum verified after the
-    push covers the policy."""
+    policy (lab.env_policy.policy_json) and flag policy (lab.flag_policy.policy_json)
+    written into its ENV_POLICY_JSON and FLAG_POLICY_JSON lines, so that the agent holds
+    launch specs to the same lists as intake and the checksum verified after the push
+    covers them."""
     from lab.env_policy import policy_json  # reads the release tables: only when pushing
+    from lab.flag_policy import policy_json as flag_policy_json
 
     source = AGENT_PATH.read_bytes()
-    if source.count(POLICY_LINE) != 1:
-        raise RuntimeError(f"{AGENT_PATH} must hold the line {POLICY_LINE!r} exactly once")
-    filled = b"ENV_POLICY_JSON = " + repr(policy_json()).encode("ascii") + b"\n"
-    return source.replace(POLICY_LINE, filled)
+    for line, text in ((POLICY_LINE, policy_json()), (FLAG_POLICY_LINE, flag_policy_json())):
+        if source.count(line) != 1:
+            raise RuntimeError(f"{AGENT_PATH} must hold the line {line!r} exactly once")
+        name = line.split(b" = ")[0]
+        source = source.replace(line, name + b" = " + repr(text).encode("ascii") + b"\n")
+    return source
 
 
 def agent_sha256() -> str:

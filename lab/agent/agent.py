@@ -31,6 +31,7 @@ import contextlib
 import csv
 import errno
 import hashlib
+import ipaddress
 import json
 import os
 import platform
@@ -84,6 +85,9 @@ NODE_CONFIG_DEFAULTS: dict[str, Any] = {
     # The node's cache volume (the inventory's cache_dir): the one place a path in a launch
     # spec's env (the JIT cache directories) may point.
     "cache_dir": "/var/cache/diag",
+    # The lab's models directory (the catalog's models_dir): the one place a path in a
+    # launch spec's argv (the model, its draft, a tokenizer or chat template) may point.
+    "models_dir": "/models",
 }
 # Engines run offline: a model or draft named by id resolves only to the copy the lab
 # placed in its cache, never to a download (the operator's engine_env may say otherwise).
@@ -98,6 +102,15 @@ AGENT_ENV_KEPT_PREFIXES = ("LC_",)
 # agent.py copied by other means holds none and launches no spec that sets a variable.
 ENV_POLICY_JSON = ""
 ENV_POLICY_SCHEMA = "lab.env-policy/1"
+# The flags a launch spec's argv may carry: each modelled release's reviewed list
+# (lab/engines/releases/<engine>-<version>.flags.yaml, compiled by lab.flag_policy), written
+# into the next line at the push like the environment policy. An agent.py without it
+# launches nothing.
+FLAG_POLICY_JSON = ""
+FLAG_POLICY_SCHEMA = "lab.flag-policy/1"
+MAX_FLAG_VALUE_CHARS = 4096
+MAX_JSON_VALUE_CHARS = 16384
+MAX_ARGV_TOKENS = 512
 MAX_ENV_VALUE_CHARS = 4096
 MAX_ENV_ITEMS = 64  # names in one interface or choice list
 # drop-caches without root: the one command the sudoers rule allows (README.md).
@@ -492,6 +505,7 @@ def facts(args: argparse.Namespace) -> dict[str, Any]:
         "model_dir": model_dir_facts(args.model_dir),
         "engines": engine_versions(),
         "python": platform.python_version(),
+        "engine_user": engine_user_facts(),
     }
 
 
@@ -996,6 +1010,287 @@ def resolved_outside(env: dict[str, str], allowed: dict[str, Any], cache_dir: st
     return None
 
 
+# -- the flag policy ---------------------------------------------------------------------
+# One implementation of the flag rules and of reading an argv by them, used here and by the
+# platform (lab.flag_policy imports these functions): intake, rendering, the simulated
+# nodes and this agent cannot disagree about a flag or a value.
+
+FLAG_RULES = ("switch", "number", "choice", "identifier", "name", "models-path", "secret",
+              "address", "host-port", "json")
+# Inside a JSON value (rule json's `keys`), besides the rules above that take one value.
+JSON_KEY_RULES = ("number", "choice", "identifier", "name", "models-path", "bool", "ints")
+# A backend, parser or policy name as the engines spell them (flashinfer_cutlass, gpt-oss).
+_IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+# A served model name: a hub id or a path-like label (moonshotai/Kimi-K2-Instruct-0905).
+_NAME = re.compile(r"[A-Za-z0-9/][A-Za-z0-9_.:/@+-]{0,255}\Z")
+# A host name (underscores too: the tuned command names the head HEAD_NODE_DATA_ADDRESS).
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\Z")
+_PYTHON = re.compile(r"python3(\.[0-9]{1,2})?\Z")
+
+
+def flag_policy() -> dict[str, Any] | None:
+    """The flag lists the platform wrote into this file when it pushed it (None in a copy
+    that was not pushed)."""
+    if not FLAG_POLICY_JSON:
+        return None
+    policy = json.loads(FLAG_POLICY_JSON)
+    if not isinstance(policy, dict) or policy.get("schema") != FLAG_POLICY_SCHEMA:
+        raise AgentError("invalid_spec", f"the flag policy in agent.py is not {FLAG_POLICY_SCHEMA}")
+    return policy
+
+
+def release_flags(policy: dict[str, Any] | None, engine: Any, version: Any) -> dict[str, Any] | None:
+    """The list of `engine` `version` ({entry, positionals, flags, list, label}), None when
+    the policy does not know the version."""
+    versions = (policy or {}).get("releases", {}).get(engine) if isinstance(engine, str) else None
+    if not isinstance(versions, dict) or not isinstance(version, str):
+        return None
+    found = versions.get(version)
+    return found if isinstance(found, dict) else None
+
+
+def _under(path: str, root: str) -> bool:
+    root = os.path.normpath(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _clean_absolute(value: str) -> bool:
+    return value.startswith("/") and ".." not in value.split("/") and os.path.normpath(value) == value
+
+
+def flag_rule_text(rule: dict[str, Any], models_dir: str | None = None) -> str:
+    """What a value of `rule` must be, in words: "takes a whole number from 1 to 4096"."""
+    kind = rule.get("rule")
+    words = [str(w) for w in rule.get("words") or []]
+    also = f", or {' or '.join(words)}" if words else ""
+    if kind == "switch":
+        return "takes no value"
+    if kind in ("number", "choice", "secret"):
+        return env_rule_text(rule) + also
+    if kind == "identifier":
+        return "takes a name of letters, digits, '_', '.' and '-' (at most 64)" + also
+    if kind == "name":
+        return "takes a name of letters, digits and _ . : / @ + - (at most 256)" + also
+    if kind == "models-path":
+        where = f" ({models_dir})" if models_dir else ""
+        return f"takes an absolute path inside the lab's models directory{where}, without '..'" + also
+    if kind == "address":
+        return "takes an IP address or a host name"
+    if kind == "host-port":
+        return "takes HOST:PORT"
+    if kind == "json":
+        keys = ", ".join(sorted(rule.get("keys") or {}))
+        return f"takes a JSON object whose keys are among {keys}" + also
+    return f"has a rule this agent does not know ({kind!r}); it is refused"
+
+
+def _address_ok(value: str) -> bool:
+    if _HOSTNAME.match(value) and len(value) <= 253:
+        return True
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_port_ok(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return _address_ok(host)
+
+
+def _json_key_problem(key: str, value: Any, rule: dict[str, Any], models_dir: str | None) -> str | None:
+    kind = rule.get("rule")
+    ok = False
+    if kind == "number":
+        number_ok = isinstance(value, int) and not isinstance(value, bool)
+        if rule.get("type") == "float":
+            number_ok = number_ok or isinstance(value, float)
+        ok = number_ok and rule.get("min", value) <= value <= rule.get("max", value)
+        what = f"a number from {rule.get('min')} to {rule.get('max')}"
+    elif kind == "bool":
+        ok, what = isinstance(value, bool), "true or false"
+    elif kind == "ints":
+        ok = isinstance(value, list) and len(value) <= MAX_ENV_ITEMS and all(
+            isinstance(v, int) and not isinstance(v, bool)
+            and rule.get("min", v) <= v <= rule.get("max", v) for v in value)
+        what = f"a list of whole numbers from {rule.get('min')} to {rule.get('max')}"
+    elif isinstance(value, str):
+        return flag_value_problem(value, rule, models_dir)
+    else:
+        what = flag_rule_text(rule, models_dir)[len("takes "):]
+    return None if ok else f"takes {what}"
+
+
+def _json_problem(value: str, rule: dict[str, Any], models_dir: str | None) -> str | None:
+    if len(value) > MAX_JSON_VALUE_CHARS:
+        return flag_rule_text(rule, models_dir) + f" (at most {MAX_JSON_VALUE_CHARS} characters)"
+    try:
+        data = json.loads(value)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        return flag_rule_text(rule, models_dir)
+    keys = rule.get("keys") or {}
+    for key in data:
+        if key not in keys:
+            return (f"key {key!r} is not accepted (keys that can name code, files or the "
+                    f"network are not); accepted: {', '.join(sorted(keys))}")
+        problem = _json_key_problem(key, data[key], keys[key], models_dir)
+        if problem is not None:
+            return f"key {key!r} {problem}"
+    return None
+
+
+def flag_value_problem(value: str, rule: dict[str, Any], models_dir: str | None = None) -> str | None:
+    """Why `value` breaks the flag rule `rule` (the rule in words), None when it meets it.
+    A path is checked as written here; the agent also resolves it on the node."""
+    limit = MAX_JSON_VALUE_CHARS if rule.get("rule") == "json" else MAX_FLAG_VALUE_CHARS
+    if not isinstance(value, str) or len(value) > limit or _ENV_CONTROL.search(value):
+        return flag_rule_text(rule, models_dir) + f" (at most {limit} characters, " \
+            "no control characters)"
+    if value in [str(w) for w in rule.get("words") or []]:
+        return None
+    kind = rule.get("rule")
+    ok = False
+    if kind in ("number", "choice", "secret"):
+        return None if env_value_problem(value, rule) is None else flag_rule_text(rule, models_dir)
+    if kind == "identifier":
+        ok = bool(_IDENTIFIER.match(value))
+    elif kind == "name":
+        ok = bool(_NAME.match(value))
+    elif kind == "models-path":
+        ok = _clean_absolute(value) and (models_dir is None or _under(value, models_dir))
+    elif kind == "address":
+        ok = _address_ok(value)
+    elif kind == "host-port":
+        ok = _host_port_ok(value)
+    elif kind == "json":
+        return _json_problem(value, rule, models_dir)
+    return None if ok else flag_rule_text(rule, models_dir)
+
+
+def _nargs(entry: dict[str, Any]) -> Any:
+    """How many values a flag of the list takes, as its release's argparse reads it."""
+    if entry.get("rule") == "switch":
+        return 0
+    nargs = entry.get("nargs")
+    return 1 if nargs is None else nargs
+
+
+def _is_value(token: str) -> bool:
+    """Whether argparse would read `token` as an argument rather than an option: a negative
+    number is a value, anything else led by '-' is an option."""
+    return not token.startswith("-") or bool(_INT.match(token) or _FLOAT.match(token))
+
+
+def _program_problem(program: str, expected: str, engine_path: str | None) -> str | None:
+    base = program.rsplit("/", 1)[-1]
+    named = bool(_PYTHON.match(base)) if expected == "python3" else base == expected
+    if not named:
+        return f"must start the engine ({expected}), got {program!r}"
+    if "/" not in program:
+        return None
+    if not _clean_absolute(program):
+        return f"{program!r} must be a bare name or an absolute path without '..'"
+    if engine_path is not None and os.path.dirname(program) not in engine_path.split(":"):
+        return (f"{program!r} is not on the engine PATH {engine_path} (engine_path in "
+                f"{NODE_CONFIG}); name the program alone, or add its folder there")
+    return None
+
+
+def argv_problem(argv: list[str], engine: Any, version: Any, policy: dict[str, Any] | None,
+                 models_dir: str | None = None, engine_path: str | None = None
+                 ) -> tuple[str, str] | None:
+    """(field, why) for the first thing wrong with a launch spec's argv under the flag
+    policy, None when it passes: the engine's entry point first (its program found on the
+    engine PATH), then every token an exact flag of the release's list, with the values
+    that flag takes, each meeting its rule, or one of the release's positionals."""
+    if policy is None:
+        return ("argv", "this agent.py holds no flag policy (the platform writes it in when it "
+                        "pushes the agent); push the agent from the platform")
+    listed = release_flags(policy, engine, version)
+    if listed is None:
+        known = ", ".join(f"{e} {v}" for e, vs in sorted(policy.get("releases", {}).items())
+                          for v in sorted(vs))
+        return ("version", f"{engine!r} {version!r} is not an engine version the flag policy "
+                           f"knows, so nothing may be launched; known: {known}")
+    if len(argv) > MAX_ARGV_TOKENS:
+        return ("argv", f"holds {len(argv)} tokens; at most {MAX_ARGV_TOKENS}")
+    label, where = listed.get("label", f"{engine} {version}"), listed.get("list", "its list")
+    entry = [str(e) for e in listed.get("entry") or []]
+    if not entry:
+        return ("argv", f"the flag policy names no entry point for {label}")
+    problem = _program_problem(argv[0], entry[0], engine_path)
+    if problem is not None:
+        return ("argv[0]", problem)
+    if len(argv) < len(entry):
+        return ("argv", f"must start with {' '.join(entry)} (the entry point of {label})")
+    for index in range(1, len(entry)):
+        if argv[index] != entry[index]:
+            return (f"argv[{index}]", f"must be {entry[index]!r} ({' '.join(entry)} starts "
+                                      f"{label}), got {argv[index]!r}")
+    flags = listed.get("flags") or {}
+    positionals = list(listed.get("positionals") or [])
+    index = len(entry)
+    while index < len(argv):
+        token = argv[index]
+        field = f"argv[{index}]"
+        if _is_value(token):
+            if not positionals:
+                return (field, f"{token[:200]!r} is not an argument {label} takes here")
+            rule = positionals.pop(0)
+            problem = flag_value_problem(token, rule, models_dir)
+            if problem is not None:
+                return (field, f"{token[:200]!r} is not accepted as {rule.get('name')}; it {problem}")
+            index += 1
+            continue
+        name, eq, inline = token.partition("=") if token.startswith("--") else (token, "", "")
+        rule = flags.get(name)
+        if rule is None:
+            return (field, f"{name[:200]!r} is not a flag the lab permits for {label} (the list: "
+                           f"{where})")
+        nargs = _nargs(rule)
+        if eq:
+            if nargs == 0:
+                return (field, f"{name} takes no value")
+            values, index = [inline], index + 1
+        else:
+            index += 1
+            values = []
+            while index < len(argv) and _is_value(argv[index]) and (
+                    nargs in ("+", "*") or (isinstance(nargs, int) and len(values) < nargs)
+                    or (nargs == "?" and not values)):
+                values.append(argv[index])
+                index += 1
+            wanted = {0: 0, "?": None, "*": None, "+": None}.get(nargs, nargs)
+            if (isinstance(wanted, int) and len(values) != wanted) or (nargs == "+" and not values):
+                return (field, f"{name} takes {nargs if nargs != '+' else 'one or more'} "
+                               f"value{'s' if nargs != 1 else ''}")
+        for value in values:
+            problem = flag_value_problem(value, rule, models_dir)
+            if problem is not None:
+                shown = "the value" if rule.get("rule") == "secret" else repr(value[:200])
+                return (field, f"{shown} is not accepted; {name} {problem}")
+    return None
+
+
+def paths_problem(cwd: Any, log_file: Any, base: str) -> tuple[str, str] | None:
+    """(field, why) when the spec's cwd or log_file, read against the work dir `base`,
+    leaves it (lexically: '..' and absolute paths elsewhere), None when both lie inside."""
+    for field, value in (("cwd", cwd), ("log_file", log_file)):
+        if not isinstance(value, str) or not value or "\x00" in value:
+            return (field, f"must be a path inside the work dir {base}")
+        full = os.path.normpath(os.path.join(base, value))
+        if not _under(full, base) or (field == "log_file" and full == os.path.normpath(base)):
+            return (field, f"{value!r} is outside the work dir {base}; the engine's files stay there")
+    return None
+
+
 def node_config() -> dict[str, Any]:
     """The operator's settings (NODE_CONFIG) over the defaults; a missing file is the
     defaults, a malformed one refuses the launch rather than guess."""
@@ -1036,6 +1331,9 @@ class EngineUser:
 
 
 def engine_user(config: dict[str, Any]) -> EngineUser:
+    """Who would run an engine here: the agent's own user when it is not root, else the
+    node config's engine_user. Never root: a customer's configuration runs in the engine,
+    and root would own the node (not_permitted, which preflight reports for the node)."""
     if os.geteuid() != 0:
         return EngineUser(pwd.getpwuid(os.geteuid()), switch=False)
     name = config["engine_user"]
@@ -1044,9 +1342,35 @@ def engine_user(config: dict[str, Any]) -> EngineUser:
     except KeyError:
         raise AgentError("not_permitted", f"launch: the agent runs as root and the engine user "
                          f"{name!r} does not exist; create it (useradd --system {name}) or set "
-                         f"engine_user in {NODE_CONFIG}. An engine is never started as root "
-                         "unless engine_user says root") from None
-    return EngineUser(entry, switch=entry.pw_uid != 0)
+                         f"engine_user in {NODE_CONFIG}") from None
+    if entry.pw_uid == 0:
+        raise AgentError("not_permitted", root_engine_user(name, NODE_CONFIG))
+    return EngineUser(entry, switch=True)
+
+
+def root_engine_user(name: str, where: str) -> str:
+    """The refusal of a node config whose engine user is root (the agent's and the
+    simulated node's words)."""
+    return (f"launch: engine_user {name!r} in {where} is root; engines run customers' "
+            "configurations and never as root: name an unprivileged service user "
+            "(useradd --system diag)")
+
+
+def engine_user_facts(config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Who an engine would run as here, for `facts` (preflight refuses a node whose engines
+    would run as root): name, uid (None when the user does not exist) and the launch's
+    refusal when it would refuse (None otherwise)."""
+    try:
+        config = config if config is not None else node_config()
+        user = engine_user(config)
+    except AgentError as exc:
+        name = (config or {}).get("engine_user", NODE_CONFIG_DEFAULTS["engine_user"])
+        try:
+            uid: int | None = pwd.getpwnam(str(name)).pw_uid
+        except KeyError:
+            uid = None
+        return {"name": str(name), "uid": uid, "problem": exc.message}
+    return {"name": user.name, "uid": user.uid, "problem": None}
 
 
 def engine_environment(spec_env: dict[str, str], config: dict[str, Any],
@@ -1092,13 +1416,62 @@ def privilege_drop(user: EngineUser) -> dict[str, Any]:
     return {"preexec_fn": drop}
 
 
-def load_spec(path: str, base: str, cache_dir: str = NODE_CONFIG_DEFAULTS["cache_dir"]
+def spec_problem(spec: Any, base: str, *, cache_dir: str | None, models_dir: str | None,
+                 engine_path: str | None = None, policies: tuple[Any, Any] | None = None
+                 ) -> tuple[str, str] | None:
+    """(field, why) for the first thing wrong with a launch spec as data (nothing on the
+    node is looked at): its schema, an argv that is the engine's entry point with only
+    flags and values of the release's list (argv_problem), an env inside the environment
+    policy, cwd and log_file inside the work dir `base`, an owner of names to strings.
+    The node agent and the simulated nodes both hold specs to this. `policies`: the
+    (environment, flag) policies, else those written into this file at the push."""
+    env_rules, flag_rules = policies if policies is not None else (env_policy(), flag_policy())
+    if not isinstance(spec, dict):
+        return ("(spec)", "must hold a JSON object")
+    if spec.get("schema") != LAUNCH_SCHEMA:
+        return ("schema", f"must be {LAUNCH_SCHEMA!r}, got {spec.get('schema')!r}")
+    argv = spec.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return ("argv", f"must be a non-empty list of strings, got {argv!r}"[:300])
+    env = spec.get("env", {})
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        return ("env", "must map variable names to string values")
+    if not all(_ENV_NAME.match(k) for k in env):
+        return ("env", "must map variable names (letters, digits and _) to string values")
+    problem = argv_problem(argv, spec.get("engine"), spec.get("version"), flag_rules,
+                           models_dir, engine_path)
+    if problem is not None:
+        return problem
+    problem = spec_env_problem(env, spec.get("engine"), spec.get("version"), cache_dir, env_rules)
+    if problem is not None:
+        return problem
+    problem = paths_problem(spec.get("cwd", "."), spec.get("log_file"), base)
+    if problem is not None:
+        return problem
+    owner = spec.get("owner")
+    if owner is not None and not (isinstance(owner, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in owner.items())):
+        return ("owner", "must map names to strings (the platform and job that launched it)")
+    return None
+
+
+def _resolved_inside(path: str, base: str) -> bool:
+    """Whether `path` (or, for a file not yet there, its folder) resolves inside `base`
+    with symbolic links followed."""
+    root = os.path.realpath(base)
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
+def load_spec(path: str, base: str, config: dict[str, Any] | None = None
               ) -> tuple[dict[str, Any], str]:
-    """The launch spec, checked field by field (relative paths resolve against `base`),
-    and the sha256 of the file's bytes exactly as read: what `status` later reports, so the
-    platform can tell which configuration the engine was started from. Its env must pass
-    the environment policy for its `engine` and `version` (spec_env_problem), paths inside
-    `cache_dir` (the node config's) even once resolved here."""
+    """The launch spec, checked before anything on the node is created or moved
+    (spec_problem, then the paths resolved on the node: cwd, log_file and the env's cache
+    paths, symbolic links followed, must stay where they were written to be), and the
+    sha256 of the file's bytes exactly as read: what `status` later reports, so the
+    platform can tell which configuration the engine was started from."""
+    config = config if config is not None else dict(NODE_CONFIG_DEFAULTS)
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -1111,44 +1484,31 @@ def load_spec(path: str, base: str, cache_dir: str = NODE_CONFIG_DEFAULTS["cache
         raise AgentError("invalid_spec", f"launch: {path} is not JSON: {exc}") from exc
     if not isinstance(spec, dict):
         raise AgentError("invalid_spec", f"launch: {path} must hold a JSON object")
-
-    def bad(field: str, what: str) -> AgentError:
-        return AgentError("invalid_spec", f"spec.{field}: {what}, got {spec.get(field)!r}")
-
-    if spec.get("schema") != LAUNCH_SCHEMA:
-        raise bad("schema", f"must be {LAUNCH_SCHEMA!r}")
-    argv = spec.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise bad("argv", "must be a non-empty list of strings")
-    env = spec.get("env", {})
-    if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise bad("env", "must map variable names to string values")
-    if not all(_ENV_NAME.match(k) for k in env):
-        raise bad("env", "must map variable names (letters, digits and _) to string values")
-    policy = env_policy()
-    problem = spec_env_problem(env, spec.get("engine"), spec.get("version"), cache_dir, policy)
+    problem = spec_problem(spec, base, cache_dir=config["cache_dir"],
+                           models_dir=config["models_dir"], engine_path=config["engine_path"])
     if problem is not None:
         raise AgentError("invalid_spec", f"spec.{problem[0]}: {problem[1]}")
+    env = spec.get("env", {})
+    policy = env_policy()
     allowed = permitted_env(policy, spec.get("engine"), spec.get("version")) if policy else None
-    outside = resolved_outside(env, allowed or {}, cache_dir) if env else None
+    outside = resolved_outside(env, allowed or {}, config["cache_dir"]) if env else None
     if outside is not None:
         raise AgentError("invalid_spec", f"spec.env.{outside}: {env[outside]!r} resolves (through a "
-                         f"symbolic link) outside the node's cache volume {cache_dir}")
-    log_file = spec.get("log_file")
-    if not isinstance(log_file, str) or not log_file:
-        raise bad("log_file", "must be a file path")
-    cwd = spec.get("cwd", base)
-    if not isinstance(cwd, str):
-        raise bad("cwd", "must be a directory path")
-    owner = spec.get("owner")
-    if owner is not None and not (isinstance(owner, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in owner.items())):
-        raise bad("owner", "must map names to strings (the platform and job that launched it)")
-    cwd = os.path.join(base, cwd)
+                         f"symbolic link) outside the node's cache volume {config['cache_dir']}")
+    cwd = os.path.normpath(os.path.join(base, spec.get("cwd", ".")))
+    log_file = os.path.normpath(os.path.join(base, spec["log_file"]))
     if not os.path.isdir(cwd):
-        raise bad("cwd", "must be an existing directory")
-    return {**spec, "env": env, "cwd": cwd, "log_file": os.path.join(base, log_file)}, digest
+        raise AgentError("invalid_spec", f"spec.cwd: must be an existing directory, got {spec.get('cwd')!r}")
+    for field, target in (("cwd", cwd), ("log_file", os.path.dirname(log_file))):
+        probe = target
+        while not os.path.exists(probe) and probe != os.path.dirname(probe):
+            probe = os.path.dirname(probe)  # the deepest folder that exists decides
+        if not _resolved_inside(probe, base):
+            raise AgentError("invalid_spec", f"spec.{field}: {spec.get(field)!r} resolves (through "
+                             f"a symbolic link) outside the work dir {base}")
+    if os.path.islink(log_file):
+        raise AgentError("invalid_spec", f"spec.log_file: {spec['log_file']!r} is a symbolic link")
+    return {**spec, "env": env, "cwd": cwd, "log_file": log_file}, digest
 
 
 def archived_logs(path: str) -> list[tuple[int, str]]:
@@ -1213,7 +1573,12 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     if not os.path.isdir(wd):
         raise AgentError("not_found", f"launch: --work-dir {wd!r} is not a directory")
     config = node_config()
-    spec, spec_sha256 = load_spec(args.spec, wd, config["cache_dir"])
+    # Every check before anything is created or moved: the spec, who would run it, and
+    # its program on the engine PATH.
+    spec, spec_sha256 = load_spec(args.spec, wd, config)
+    user = engine_user(config)
+    env = engine_environment(spec["env"], config, user)
+    argv = [resolve_program(spec["argv"][0], env["PATH"]), *spec["argv"][1:]]
     current = engine_record(wd)
     if current is not None and engine_running(current):
         raise AgentError("already_running",
@@ -1222,19 +1587,12 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     try:
         os.makedirs(os.path.dirname(spec["log_file"]), exist_ok=True)
         rotate_log(spec["log_file"])
-        log_fd = os.open(spec["log_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log_fd = os.open(spec["log_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise AgentError("io_error", f"spec.log_file: cannot open {spec['log_file']!r}: "
                          f"{exc.strerror}") from exc
     record_path = os.path.join(wd, ENGINE_RECORD)
     exit_path = os.path.join(wd, ENGINE_EXIT)
-    try:
-        user = engine_user(config)
-        env = engine_environment(spec["env"], config, user)
-        argv = [resolve_program(spec["argv"][0], env["PATH"]), *spec["argv"][1:]]
-    except AgentError:
-        os.close(log_fd)
-        raise
     drop = privilege_drop(user)
 
     def supervise(ready: ReadyPipe) -> None:

@@ -57,7 +57,9 @@ from lab.engines.base import (
 from lab.engines.command import split_command
 from lab.engines.logs import Event, failure_event, parse_lines
 from lab.engines.sglang import METRICS_FLAG, Sglang
+from lab.engines.startup import check_startup
 from lab.engines.vllm import Vllm
+from lab.flag_policy import launch_argv_problem
 from lab.inventory import Node
 
 __all__ = [
@@ -192,7 +194,9 @@ def _normalize_fields(data: Mapping[str, Any], *, catalog: Catalog | None,
     engine = _engine(config["engine"]["name"])
     _version(engine, config["engine"]["version"])
     config = engine.check_config(config)
-    engine.check_extra_args(config["extra_args"], config["engine"]["version"])
+    # Stored as the version's list spells them: abbreviations expanded, values as read.
+    config["extra_args"] = engine.check_extra_args(config["extra_args"], config["engine"]["version"])
+    check_startup(config, engine)
     if admitting:
         admit(config, engine, catalog if catalog is not None else load_catalog())
     return config
@@ -205,14 +209,15 @@ def load_config_text(text: str, *, max_bytes: int = 65536,
 
 
 def as_launched(config: Mapping[str, Any], *, catalog: Catalog | None = None) -> dict[str, Any]:
-    """A normalized, admitted configuration as the lab launches it: the EAGLE-3 draft
-    named by its path in the lab's catalog (nodes run offline: a hub id would not load),
+    """A normalized, admitted configuration as the lab launches it: the model and its EAGLE-3
+    draft named by their paths in the lab's catalog (nodes run offline: a hub id would not load),
     `--trust-remote-code` added when the catalog says the model needs its own code and it
     was reviewed, and (SGLang) `--enable-metrics`, without which it serves no /metrics."""
     catalog = catalog if catalog is not None else load_catalog()
     out = copy.deepcopy(dict(config))
     engine = _engine(out["engine"]["name"])
     model = served_model(out, catalog)
+    out["model"] = {**out["model"], "path": model.path}
     spec = out["speculative"]
     if spec is not None and spec.get("draft_model") is not None:
         draft = model.draft(spec["draft_model"], spec["method"])
@@ -245,6 +250,8 @@ def render(config: Mapping[str, Any], nodes: Sequence[Node], *,
     """
     catalog = catalog if catalog is not None else load_catalog()
     config = as_launched(normalize_config(config, catalog=catalog), catalog=catalog)
+    # Admitted again as launched: the lab's own flags (--trust-remote-code) included.
+    admit(config, _engine(config["engine"]["name"]), catalog)
     if model_dir is not None:
         config = {**config, "model": {**config["model"], "path": model_dir}}
     engine = _engine(config["engine"]["name"])
@@ -260,6 +267,11 @@ def render(config: Mapping[str, Any], nodes: Sequence[Node], *,
         except EngineArgError as exc:
             raise ConfigError("engine.version", f"{engine.name} {version} does not accept the "
                                                 f"launch: {exc.error_line}") from None
+        # The node agent's own check, on the same list: nothing it would refuse is handed out.
+        refused = launch_argv_problem(argv, engine.name, version, None)
+        if refused is not None:
+            raise ConfigError("engine.version", f"the lab's flag list for {engine.name} {version} "
+                                                f"refuses the launch: {refused[0]}: {refused[1]}")
         env = {**config["env"], **jit_cache_env(config["serving"]["jit_cache"], node)}
         specs.append(launch_spec(engine.name, node, rank, argv, env, version))
     return specs
@@ -334,11 +346,11 @@ def _parse_command(text: str, *, version: str | None) -> dict[str, Any]:
         raise _command_error(engine, exc) from None
 
 
-def check_extra_args(engine: str, args: Sequence[str], version: str | None = None) -> None:
-    """ConfigError unless `args` are pass-through flags `engine` `version` has
-    (normalize_config)."""
+def check_extra_args(engine: str, args: Sequence[str], version: str | None = None) -> list[str]:
+    """`args` as the version's list spells them; ConfigError unless each is a flag of that
+    list a configuration may pass, with a value its rule accepts (normalize_config)."""
     known = _engine(engine)
-    known.check_extra_args(args, _version(known, version))
+    return known.check_extra_args(args, _version(known, version))
 
 
 def parse_log(engine: str, lines: Iterable[str], *, version: str | None = None) -> Iterator[Event]:

@@ -33,17 +33,21 @@ from lab.agent.agent import (
     MEM_BW_MAX_REPEATS,
     MEM_BW_METHOD,
     launch_owner,
+    root_engine_user,
     rotate_log,
+    spec_problem,
 )
 from lab.clock import LabClock
-from lab.env_policy import launch_env_problem
+from lab.env_policy import compiled_policy as compiled_env_policy
+from lab.flag_policy import compiled_policy as compiled_flag_policy
 from lab.sim import fp4
 from lab.sim.engine import EngineProcess, RendezvousHub, backend_state
 from lab.sim.hardware import NodeHardware
 from lab.sim.scenario import ENGINE_DEFAULT_VERSIONS, Scenario
 
 AGENT_SCHEMA = "lab.agent/1"
-LAUNCH_SCHEMA = "lab.launch/1"
+# Where a node keeps its own settings (the agent's NODE_CONFIG), as its messages name it.
+NODE_CONFIG = "/etc/gb10-diag/agent.json"
 PYTHON_VERSION = "3.12.3"
 KERNEL = "6.11.0-1016-nvidia"
 GPU = {"name": "NVIDIA GB10", "compute_capability": "12.1", "driver": "580.95.05"}
@@ -272,6 +276,11 @@ class SimNode:
         """Model weights (GB) this node's page cache still holds."""
         return self.hardware.weights_cached_gb
 
+    @property
+    def engine_user(self) -> str:
+        """Who the node's agent would start engines as (its node config's engine_user)."""
+        return str(self.scenario.node.get("engine_user") or "diag")
+
     def _pid(self) -> int:
         with self.lock:
             self._next_pid += 1
@@ -407,6 +416,9 @@ class SimNode:
             },
             "engines": self.engine_versions(),
             "python": PYTHON_VERSION,
+            "engine_user": {"name": self.engine_user, "uid": 0 if self.engine_user == "root" else 998,
+                            "problem": root_engine_user("root", NODE_CONFIG)
+                            if self.engine_user == "root" else None},
         }
 
     def _sampler_start(self, out: str, interval: float) -> dict[str, Any]:
@@ -476,31 +488,20 @@ class SimNode:
         if not isinstance(spec, dict):
             raise AgentFailure("invalid_spec", f"launch: {spec_path} must hold a JSON object")
 
-        def bad(field: str, what: str) -> AgentFailure:
-            return AgentFailure("invalid_spec", f"spec.{field}: {what}, got {spec.get(field)!r}")
-
-        if spec.get("schema") != LAUNCH_SCHEMA:
-            raise bad("schema", f"must be {LAUNCH_SCHEMA!r}")
-        argv, env, log_file = spec.get("argv"), spec.get("env", {}), spec.get("log_file")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise bad("argv", "must be a non-empty list of strings")
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                for k, v in env.items()):
-            raise bad("env", "must map variable names to string values")
-        # The real agent's check, with the policy it is pushed with (lab.env_policy).
-        problem = launch_env_problem(env, spec.get("engine"), spec.get("version"),
-                                     self.paths.cache_dir)
+        # The real agent's checks of the spec as data, with the policies it is pushed with
+        # (lab.env_policy, lab.flag_policy); then what the node's filesystem says.
+        problem = spec_problem(spec, self.paths.work_dir, cache_dir=self.paths.cache_dir,
+                               models_dir=posixpath.dirname(self.paths.model_dir) or "/",
+                               policies=(compiled_env_policy(), compiled_flag_policy()))
         if problem is not None:
             raise AgentFailure("invalid_spec", f"spec.{problem[0]}: {problem[1]}")
-        if not isinstance(log_file, str) or not log_file:
-            raise bad("log_file", "must be a file path")
-        owner = spec.get("owner")
-        if owner is not None and not (isinstance(owner, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in owner.items())):
-            raise bad("owner", "must map names to strings (the platform and job that launched it)")
-        cwd = spec.get("cwd", self.paths.work_dir)
-        if not isinstance(cwd, str) or not self.host_path(posixpath.join(self.paths.work_dir, cwd)).is_dir():
-            raise bad("cwd", "must be an existing directory")
+        if self.engine_user == "root":
+            raise AgentFailure("not_permitted", root_engine_user("root", NODE_CONFIG))
+        env, log_file = spec.get("env", {}), spec["log_file"]
+        cwd = posixpath.normpath(posixpath.join(self.paths.work_dir, spec.get("cwd", ".")))
+        if not self.host_path(cwd).is_dir():
+            raise AgentFailure("invalid_spec", f"spec.cwd: must be an existing directory, got "
+                               f"{spec.get('cwd')!r}")
         log_file = posixpath.join(self.paths.work_dir, log_file)
         return self.launch({**spec, "env": env, "log_file": log_file}, self.host_path(log_file),
                            spec_sha256=hashlib.sha256(raw).hexdigest())

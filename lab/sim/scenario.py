@@ -37,6 +37,8 @@ NODE_DEFAULTS: dict[str, Any] = {
     "nvme_read_gbs": 6.0,
     "compute_capability": "12.1",
     "nics": {"mgmt": "enP7s7", "mgmt_gbps": 10.0, "data": ["enp1s0f0np0", "enP2p1s0f0np0"]},
+    # Who the node's agent starts engines as (its node config); "root" is refused there.
+    "engine_user": "diag",
 }
 
 NETWORK_DEFAULTS: dict[str, Any] = {
@@ -68,11 +70,15 @@ MODEL_PROFILES: dict[str, dict[str, Any]] = {
         "id": "moonshotai/Kimi-K2-Instruct-0905",
         "path": "/models/kimi-k2",
         "remote_code": True,
+        # The EAGLE-3 head is a config and weights the lab has read (no code of its own): it
+        # loads under the model's --trust-remote-code.
         "drafts": [{"id": "AQ-MedAI/Kimi-K2-Instruct-eagle3", "path": "/models/kimi-k2-eagle3",
-                    "method": "eagle3"}],
+                    "method": "eagle3", "remote_code": True}],
     },
 }
 DRAFT_FIELDS = ("id", "path", "method")
+# remote_code (optional, false when absent): the lab has reviewed the draft's own code.
+DRAFT_OPTIONAL = ("remote_code",)
 
 ENGINE_NAMES = ("vllm", "sglang")
 # The modelled releases (lab/engines/releases); a scenario naming no version runs these.
@@ -370,7 +376,7 @@ def _nics(default: Any, value: Any, path: str) -> dict[str, Any]:
     return out
 
 
-def _drafts(default: Any, value: Any, path: str) -> list[dict[str, str]]:
+def _drafts(default: Any, value: Any, path: str) -> list[dict[str, Any]]:
     """The drafts the lab holds beside the model: [{id, path, method}]; a given list
     replaces the profile's whole."""
     if not isinstance(value, list):
@@ -380,12 +386,16 @@ def _drafts(default: Any, value: Any, path: str) -> list[dict[str, str]]:
         dpath = f"{path}[{i}]"
         entry = _mapping(item, dpath, "a mapping with fields " + ", ".join(DRAFT_FIELDS))
         for key in entry:
-            if key not in DRAFT_FIELDS:
-                raise _unknown(f"{dpath}.{key}", DRAFT_FIELDS)
+            if key not in DRAFT_FIELDS + DRAFT_OPTIONAL:
+                raise _unknown(f"{dpath}.{key}", DRAFT_FIELDS + DRAFT_OPTIONAL)
         for key in DRAFT_FIELDS:
             if key not in entry:
                 raise ScenarioError(f"{dpath}.{key}", "is required")
-        draft = {key: _string(entry[key], f"{dpath}.{key}") for key in DRAFT_FIELDS}
+        draft: dict[str, Any] = {key: _string(entry[key], f"{dpath}.{key}") for key in DRAFT_FIELDS}
+        reviewed = entry.get("remote_code", False)
+        if not isinstance(reviewed, bool):
+            raise _fail(f"{dpath}.remote_code", reviewed, "true or false")
+        draft["remote_code"] = reviewed
         if not draft["path"].startswith("/"):
             raise _fail(f"{dpath}.path", draft["path"], "an absolute path in the lab's models directory")
         out.append(draft)

@@ -11,9 +11,12 @@ import contextlib
 import json
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,16 +31,40 @@ SSHD = sshd_binary()  # None without openssh-server (or with SSHD_PATH naming no
 ENGINE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
+def engine_user() -> str:
+    """Who the tests' engines run as: the user running the tests, or, when that is root,
+    `nobody` (the agent never starts an engine as root)."""
+    return "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+
+
+def engine_python() -> str:
+    """An interpreter the engine user can run for the stand-in engines (the tests' own may
+    live in a home only root can enter)."""
+    if os.geteuid() == 0:
+        for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+            if os.access(candidate, os.X_OK):
+                return candidate
+    return sys.executable
+
+
+def public_dir(prefix: str) -> Path:
+    """A folder the engine user can enter (pytest's temporary folders are private to the
+    user running the tests); the caller removes it."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    return path
+
+
 def write_agent_config(path: Path, engine_path: str = ENGINE_PATH,
-                       cache_dir: Path | None = None) -> Path:
+                       cache_dir: Path | None = None, models_dir: Path | None = None) -> Path:
     """The node config (lab/agent/README.md) for agents these tests run: the engine runs
-    as the user running the tests. When that is root, that is the explicit opt-in a
-    container needs; on a real node engine_user names an unprivileged service user.
-    `cache_dir` is the node's cache volume (the inventory's), when not the default."""
-    me = pwd.getpwuid(os.geteuid()).pw_name
-    config: dict[str, str] = {"engine_user": me, "engine_path": engine_path}
+    as `engine_user()`, never as root. `cache_dir` and `models_dir` are the node's cache
+    volume and models directory (the inventory's), when not the defaults."""
+    config: dict[str, str] = {"engine_user": engine_user(), "engine_path": engine_path}
     if cache_dir is not None:
         config["cache_dir"] = str(cache_dir)
+    if models_dir is not None:
+        config["models_dir"] = str(models_dir)
     path.write_text(json.dumps(config))
     return path
 
@@ -160,12 +187,24 @@ class Sshd:
 
 
 @pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
+def sshd() -> Iterator[Sshd]:
     if SSHD is None:
         service_missing("sshd (Debian's openssh-server) is not installed")
-    root = tmp_path / "sshd"
-    root.mkdir()
+    # In a folder the engine user can enter: the node's bin, work and models directories
+    # are below it, and its engines run as that user.
+    root = public_dir("diag-sshd-")
+    try:
+        yield from _sshd(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _sshd(root: Path) -> Iterator[Sshd]:
     (root / "bin").mkdir()
+    (root / "bin").chmod(0o755)
+    work = root / "work"
+    work.mkdir()
+    work.chmod(0o777)  # the stand-in engines write what they saw there
     host_key = root / "host_ed25519"
     client_key = root / "client_ed25519"
     keygen(host_key)
@@ -176,7 +215,8 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     known_hosts = root / "known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
     server = Sshd(root, port, host_key, client_key, known_hosts, root / "bin")
-    # The node's engines are found on its fixed engine PATH, which holds the test's bin.
+    # The node's engines are found on its fixed engine PATH, which holds the test's bin; its
+    # launches name the model by the catalog's path (/models/...), the default models_dir.
     write_agent_config(root / "agent.json", f"{server.bin_dir}:{ENGINE_PATH}", root / "cache")
     server.start()
     try:

@@ -21,7 +21,7 @@ from lab.config import ConfigError
 from lab.engines import normalize_config
 from lab.session import AgentError, LabSession, LaunchFailed, spec_sha256
 
-from .conftest import Sshd
+from .conftest import Sshd, engine_python
 
 pytestmark = pytest.mark.ssh
 
@@ -56,7 +56,7 @@ def free_port() -> int:
 @pytest.fixture
 def session(sshd: Sshd) -> Iterator[LabSession]:
     engine = sshd.bin_dir / "vllm"
-    engine.write_text(FAKE_ENGINE.format(python=sys.executable))
+    engine.write_text(FAKE_ENGINE.format(python=engine_python()))
     engine.chmod(0o755)
     (sshd.root / "models").mkdir()
     (sshd.root / "models" / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
@@ -90,20 +90,33 @@ def test_it_pushes_the_agent_and_verifies_its_checksum(session: LabSession, sshd
     assert facts["node-a"]["model_dir"]["exists"] is True
 
 
-def test_a_hostile_configuration_value_reaches_the_engine_as_one_literal_argument(
+def test_a_hostile_configuration_value_is_refused_before_any_node_sees_it(
     session: LabSession, sshd: Sshd
 ) -> None:
     config = one_node_config()
     config["model"]["id"] = "$(touch owned)"  # type: ignore[index]
-    # An env value is held to its rule (an interface name here): only argv text is free.
+    # The served model name is held to the rule the release's flag list gives
+    # --served-model-name (the agent's own check): shell syntax never reaches a node.
+    with pytest.raises(ConfigError) as info:
+        session.launch(config, cold=False, timeout_s=60)
+    assert info.value.field == "model.id"
+    assert "the served model name takes a name of letters, digits" in str(info.value)
+    assert not list(sshd.root.rglob("owned"))
+    assert not (Path(session.inventory.head.work_dir) / "engine-argv.json").exists()
+
+
+def test_configuration_values_reach_the_engine_as_literal_arguments(
+    session: LabSession, sshd: Sshd
+) -> None:
+    config = one_node_config()
+    # An env value is held to its rule (an interface name here).
     config["env"] = {"NCCL_SOCKET_IFNAME": "lo"}
+    config["extra_args"] = ["--max-num-seqs", "4", "--seed", "7"]
     result = session.launch(config, cold=False, timeout_s=60)
     assert result.endpoint == f"http://127.0.0.1:{session.inventory.head.api_port}"
     seen = json.loads((Path(session.inventory.head.work_dir) / "engine-argv.json").read_text())
-    assert "$(touch owned)" in seen["argv"]
+    assert seen["argv"][-5:] == ["--max-num-seqs", "4", "--seed", "7", "--trust-remote-code"]
     assert seen["env"]["NCCL_SOCKET_IFNAME"] == "lo"
-    assert not list(sshd.root.rglob("owned"))
-    assert not (Path.home() / "owned").exists()
     assert result.cold_start_s > 0
     assert "Starting vLLM API server" in session.logs().text
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from lab.agent import agent_source, validate_response
+from tests.lab.conftest import ENGINE_PATH, engine_python, public_dir, write_agent_config
 
 
 @dataclass
@@ -98,13 +100,55 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     return predicate()
 
 
+# The engine a spec may start: the release's entry point and the served model (the lab's
+# flag policy refuses any other program); ENGINE_BEHAVIOUR says what the stand-in does.
+ENGINE_ARGV = ["vllm", "serve", "/models/kimi-k2"]
+ENGINE_BEHAVIOUR = "engine.py"
+FAKE_VLLM = "#!/bin/sh\nexec {python} {root}/{behaviour} \"$@\"\n"
+
+
+@dataclass
+class Node:
+    """A node for one test: a folder the engine user can enter, holding the work dir, a
+    bin/ with a stand-in `vllm` on the node's engine PATH, and the node config."""
+
+    root: Path
+    work_dir: Path
+    bin_dir: Path
+    config: Path
+
+    def behave(self, code: str) -> None:
+        """What the stand-in engine does (Python; sys.argv[1:] is its argv after `vllm`)."""
+        (self.root / ENGINE_BEHAVIOUR).write_text(code)
+        (self.root / ENGINE_BEHAVIOUR).chmod(0o644)
+
+
 @pytest.fixture
-def work_dir(tmp_path: Path) -> Iterator[Path]:
-    """A node work dir; whatever engine a test launched there is stopped afterwards."""
-    wd = tmp_path / "work"
+def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
+    root = public_dir("diag-agent-")
+    wd = root / "work"
     wd.mkdir()
-    yield wd
-    run_agent("stop", "--work-dir", str(wd), "--grace", "1")
+    wd.chmod(0o777)  # the stand-in engine, run as the engine user, writes there
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    vllm = bin_dir / "vllm"
+    vllm.write_text(FAKE_VLLM.format(python=engine_python(), root=root, behaviour=ENGINE_BEHAVIOUR))
+    vllm.chmod(0o755)
+    config = write_agent_config(root / "agent.json", f"{bin_dir}:{ENGINE_PATH}")
+    monkeypatch.setenv("LAB_AGENT_CONFIG", str(config))
+    here = Node(root, wd, bin_dir, config)
+    here.behave("import time\ntime.sleep(60)\n")
+    try:
+        yield here
+    finally:
+        run_agent("stop", "--work-dir", str(wd), "--grace", "1")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def work_dir(node: Node) -> Path:
+    """A node work dir; whatever engine a test launched there is stopped afterwards."""
+    return node.work_dir
 
 
 def write_spec(path: Path, argv: Sequence[str], log_file: str, env: dict[str, str] | None = None,

@@ -12,18 +12,28 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import lab.config
 import lab.env_policy
+import lab.flag_policy
 from lab.agent import AGENT_PATH, validate_response
-from tests.lab.agent.conftest import Answer, pushed_agent, run_agent, wait_until, write_spec
+from tests.lab.agent.conftest import (
+    ENGINE_ARGV,
+    Answer,
+    Node,
+    pushed_agent,
+    run_agent,
+    wait_until,
+    write_spec,
+)
+from tests.lab.conftest import engine_user
 
 NOBODY = 65534
-SHOW_USER_AND_ENV = ["/bin/sh", "-c", "id -u; env"]
+SHOW_USER_AND_ENV = ("import os\nprint(os.getuid())\n"
+                     "print('\\n'.join(f'{k}={v}' for k, v in sorted(os.environ.items())), flush=True)\n")
 
 
 def load_agent_module(path: Path = AGENT_PATH):  # type: ignore[no-untyped-def]
@@ -41,12 +51,13 @@ def agent_with(config: dict[str, object] | str, tmp_path: Path, *args: str,
     return run_agent(*args, env={**os.environ, "LAB_AGENT_CONFIG": str(path), **env})
 
 
-def launched(work_dir: Path, tmp_path: Path, config: dict[str, object], argv: list[str],
+def launched(node: Node, tmp_path: Path, config: dict[str, object],
              spec_env: dict[str, str] | None = None, **agent_env: str) -> tuple[Answer, str]:
-    log = work_dir / "logs" / "engine.log"
-    spec = write_spec(work_dir / "spec.json", argv, str(log), env=spec_env)
-    ans = agent_with(config, tmp_path, "launch", "--spec", str(spec), "--work-dir", str(work_dir),
-                     **agent_env)
+    node.behave(SHOW_USER_AND_ENV)
+    log = node.work_dir / "logs" / "engine.log"
+    spec = write_spec(node.work_dir / "spec.json", ENGINE_ARGV, str(log), env=spec_env)
+    ans = agent_with(config, tmp_path, "launch", "--spec", str(spec), "--work-dir",
+                     str(node.work_dir), **agent_env)
     if not ans.envelope["ok"]:
         return ans, ""
     assert wait_until(lambda: log.exists() and "PATH=" in log.read_text())
@@ -57,23 +68,18 @@ def env_of(log: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in log.splitlines()[1:] if "=" in line)
 
 
-def me() -> str:
-    import pwd
-    return pwd.getpwuid(os.geteuid()).pw_name
-
-
 def test_the_engine_gets_the_fixed_path_and_none_of_the_agents_loader_or_python_variables(
-        work_dir: Path, tmp_path: Path) -> None:
-    config = {"engine_user": me(), "engine_path": "/usr/bin:/bin",
+        node: Node, tmp_path: Path) -> None:
+    config = {"engine_user": engine_user(), "engine_path": f"{node.bin_dir}:/usr/bin:/bin",
               "engine_env": {"HF_HOME": "/var/cache/diag/hf"}}
     ans, log = launched(
-        work_dir, tmp_path, config, SHOW_USER_AND_ENV, {"NCCL_SOCKET_IFNAME": "eth0"},
+        node, tmp_path, config, {"NCCL_SOCKET_IFNAME": "eth0"},
         LD_LIBRARY_PATH="/tmp/evil", PYTHONPATH="/tmp/evil", PYTHONSTARTUP="/tmp/evil.py",
         https_proxy="http://proxy.example:3128", HF_ENDPOINT="https://hub.example",
         SSH_CONNECTION="10.0.0.1 1 10.0.0.2 22", LANG="C.UTF-8", PATH="/tmp/evil:/usr/bin:/bin")
     assert ans.envelope["ok"], ans.envelope
     env = env_of(log)
-    assert env["PATH"] == "/usr/bin:/bin"
+    assert env["PATH"] == f"{node.bin_dir}:/usr/bin:/bin"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"  # the spec's, allow-listed
     assert env["HF_HOME"] == "/var/cache/diag/hf"  # the operator's
     assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
@@ -83,13 +89,13 @@ def test_the_engine_gets_the_fixed_path_and_none_of_the_agents_loader_or_python_
         assert name not in env, name
 
 
-def test_argv0_is_looked_up_on_the_engine_path_not_the_agents(work_dir: Path, tmp_path: Path) -> None:
+def test_argv0_is_looked_up_on_the_engine_path_not_the_agents(node: Node, tmp_path: Path) -> None:
     decoy = tmp_path / "bin"
     decoy.mkdir()
     (decoy / "vllm").write_text("#!/bin/sh\necho decoy\n")
     (decoy / "vllm").chmod(0o755)
-    ans, _ = launched(work_dir, tmp_path, {"engine_user": me(), "engine_path": "/usr/bin:/bin"},
-                      ["vllm", "serve"], PATH=f"{decoy}:/usr/bin:/bin")
+    ans, _ = launched(node, tmp_path, {"engine_user": engine_user(), "engine_path": "/usr/bin:/bin"},
+                      PATH=f"{decoy}:/usr/bin:/bin")
     assert ans.error["code"] == "launch_failed"
     assert "not found on the engine PATH /usr/bin:/bin" in ans.error["message"]
 
@@ -100,48 +106,53 @@ def test_argv0_is_looked_up_on_the_engine_path_not_the_agents(work_dir: Path, tm
                                   "NCCL_COMM_ID", "VLLM_DP_MASTER_IP", "VLLM_SERVER_DEV_MODE",
                                   "CUDA_VISIBLE_DEVICES"])
 def test_a_spec_that_sets_a_refused_variable_is_invalid(name: str, work_dir: Path) -> None:
-    path = write_spec(work_dir / "spec.json", ["true"], "engine.log", env={name: "x"})
+    path = write_spec(work_dir / "spec.json", ENGINE_ARGV, "engine.log", env={name: "x"})
     ans = run_agent("launch", "--spec", str(path), "--work-dir", str(work_dir))
     assert ans.error["code"] == "invalid_spec"
     assert ans.error["message"].startswith(f"spec.env.{name}:"), ans.error["message"]
     assert not (work_dir / "engine.json").exists()
 
 
-@pytest.fixture
-def public_work_dir() -> Iterator[Path]:
-    """A work dir another user can enter (pytest's temp folders are private to root)."""
+def test_as_root_the_engine_runs_as_the_service_user(node: Node, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: the agent switches users only when it runs as root")
-    root = Path(tempfile.mkdtemp(prefix="diag-engine-user-", dir="/tmp"))
-    root.chmod(0o755)
-    try:
-        yield root
-    finally:
-        run_agent("stop", "--work-dir", str(root), "--grace", "1")
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def test_as_root_the_engine_runs_as_the_service_user(public_work_dir: Path, tmp_path: Path) -> None:
-    ans, log = launched(public_work_dir, tmp_path, {"engine_user": "nobody"}, SHOW_USER_AND_ENV)
+    ans, log = launched(node, tmp_path, {"engine_user": "nobody",
+                                         "engine_path": f"{node.bin_dir}:/usr/bin:/bin"})
     assert ans.envelope["ok"], ans.envelope
     assert log.splitlines()[0] == str(NOBODY)
     env = env_of(log)
     assert env["USER"] == "nobody"
-    assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"  # the default engine PATH
-    record = json.loads((public_work_dir / "engine.json").read_text())
+    record = json.loads((node.work_dir / "engine.json").read_text())
     assert record["user"] == "nobody"
     # stop, as root, still takes the service user's engine down.
-    stopped = run_agent("stop", "--work-dir", str(public_work_dir), "--grace", "1")
+    stopped = run_agent("stop", "--work-dir", str(node.work_dir), "--grace", "1")
     assert stopped.envelope["ok"]
 
 
-def test_as_root_a_missing_service_user_refuses_the_launch(public_work_dir: Path,
-                                                           tmp_path: Path) -> None:
-    ans, _ = launched(public_work_dir, tmp_path, {"engine_user": "diag-no-such-user"},
-                      SHOW_USER_AND_ENV)
+def test_as_root_a_missing_service_user_refuses_the_launch(node: Node, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the agent switches users only when it runs as root")
+    ans, _ = launched(node, tmp_path, {"engine_user": "diag-no-such-user",
+                                       "engine_path": f"{node.bin_dir}:/usr/bin:/bin"})
     assert ans.error["code"] == "not_permitted"
     assert "'diag-no-such-user' does not exist" in ans.error["message"]
-    assert not (public_work_dir / "engine.json").exists()
+    assert not (node.work_dir / "engine.json").exists()
+
+
+def test_an_engine_never_runs_as_root(node: Node, tmp_path: Path) -> None:
+    """A node config naming root is refused before anything is created: the log is not
+    opened, no earlier log is moved aside."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: only a root agent could start a root engine")
+    (node.work_dir / "logs").mkdir()
+    (node.work_dir / "logs" / "engine.log").write_text("the last launch\n")
+    ans, _ = launched(node, tmp_path, {"engine_user": "root",
+                                       "engine_path": f"{node.bin_dir}:/usr/bin:/bin"})
+    assert ans.error["code"] == "not_permitted"
+    assert "is root; engines run customers' configurations and never as root" in ans.error["message"]
+    assert (node.work_dir / "logs" / "engine.log").read_text() == "the last launch\n"
+    assert not (node.work_dir / "logs" / "engine.log.1").exists()
+    assert not (node.work_dir / "engine.json").exists()
 
 
 @pytest.mark.parametrize(("config", "says"), [
@@ -153,17 +164,19 @@ def test_as_root_a_missing_service_user_refuses_the_launch(public_work_dir: Path
 ])
 def test_a_malformed_node_config_refuses_the_launch(config: str, says: str, work_dir: Path,
                                                     tmp_path: Path) -> None:
-    path = write_spec(work_dir / "spec.json", ["true"], "engine.log")
+    path = write_spec(work_dir / "spec.json", ENGINE_ARGV, "engine.log")
     ans = agent_with(config, tmp_path, "launch", "--spec", str(path), "--work-dir", str(work_dir))
     assert ans.error["code"] == "not_permitted"
     assert says in ans.error["message"]
 
 
-def test_the_pushed_agent_holds_the_platforms_policy() -> None:
+def test_the_pushed_agent_holds_the_platforms_policies() -> None:
     agent = load_agent_module(pushed_agent())
     assert agent.env_policy() == lab.env_policy.compiled_policy()
-    # The file in the repository holds none: a copy that was not pushed sets no variable.
+    assert agent.flag_policy() == json.loads(lab.flag_policy.policy_json())
+    # The file in the repository holds neither: a copy that was not pushed launches nothing.
     assert load_agent_module(AGENT_PATH).env_policy() is None
+    assert load_agent_module(AGENT_PATH).flag_policy() is None
     names = ["NCCL_IB_HCA", "VLLM_USE_FLASHINFER_MOE_FP4", "OMP_NUM_THREADS", "LD_PRELOAD",
              "PATH", "PYTHONPATH", "HF_TOKEN", "NCCL_NET_PLUGIN", "VLLM_HOST_IP", "CUDA_HOME",
              "TORCH_CUDA_ARCH_LIST", "http_proxy", "SGL_ENABLE_JIT_DEEPGEMM", "VLLM_API_KEY",
@@ -179,18 +192,17 @@ def test_the_pushed_agent_holds_the_platforms_policy() -> None:
             assert (name in on_node) == (platform_ok or own), (engine, version, name)
 
 
-def test_a_copy_that_was_not_pushed_launches_no_spec_that_sets_a_variable(work_dir: Path,
-                                                                          tmp_path: Path) -> None:
+def test_a_copy_that_was_not_pushed_launches_nothing(work_dir: Path, tmp_path: Path) -> None:
     copy = tmp_path / "agent.py"
     shutil.copyfile(AGENT_PATH, copy)
-    path = write_spec(work_dir / "spec.json", ["true"], "engine.log",
+    path = write_spec(work_dir / "spec.json", ENGINE_ARGV, "engine.log",
                       env={"NCCL_SOCKET_IFNAME": "eth0"})
     res = subprocess.run([sys.executable, str(copy), "launch", "--spec", str(path),
                           "--work-dir", str(work_dir), "--json"], capture_output=True, text=True,
                          timeout=60)
     error = json.loads(res.stdout)["error"]
     assert error["code"] == "invalid_spec"
-    assert error["message"].startswith("spec.env: this agent.py holds no environment policy")
+    assert error["message"].startswith("spec.argv: this agent.py holds no flag policy")
 
 
 def run_as_nobody(agent: Path, *args: str, **env: str) -> dict[str, object]:

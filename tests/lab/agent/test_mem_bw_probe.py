@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from lab.agent import AgentResponseError, validate_response
 from lab.agent.agent import MEM_BW_METHOD, median
-from tests.lab.agent.conftest import run_agent, wait_until, write_spec
+from tests.lab.agent.conftest import ENGINE_ARGV, Node, run_agent, wait_until, write_spec
 
 
 def test_it_is_unsupported_without_torch_and_cuda(tmp_path: Path) -> None:
@@ -36,12 +35,12 @@ def test_it_refuses_arguments_out_of_range(args: list[str], named: str) -> None:
     assert ans.error["code"] == "usage" and named in ans.error["message"]
 
 
-def test_it_is_busy_while_an_engine_runs(work_dir: Path) -> None:
+def test_it_is_busy_while_an_engine_runs(node: Node) -> None:
     # The engine holds the GPU's memory and bandwidth: the probe does not touch the GPU.
+    work_dir = node.work_dir
     pid_file = work_dir / "engine.pid"
-    spec = write_spec(work_dir / "spec.json",
-                      [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w')"
-                       ".write(str(os.getpid())); time.sleep(60)"], "engine.log")
+    node.behave(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    spec = write_spec(work_dir / "spec.json", ENGINE_ARGV, "engine.log")
     assert run_agent("launch", "--spec", str(spec), "--work-dir", str(work_dir)).exit_status == 0
     assert wait_until(lambda: pid_file.exists() and pid_file.read_text() != "")
     ans = run_agent("mem-bw-probe", "--work-dir", str(work_dir))

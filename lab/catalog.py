@@ -33,7 +33,7 @@ REFERENCE_CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 CATALOG_PATH = REFERENCE_CATALOG_PATH
 
 ENTRY_FIELDS = ("id", "path", "remote_code", "drafts", "profile")
-DRAFT_FIELDS = ("id", "path", "method")
+DRAFT_FIELDS = ("id", "path", "method", "remote_code")
 # LAB_MODEL.md section 2: whole counts (mtp_heads and shared_experts may be 0) ...
 PROFILE_COUNTS = ("layers", "experts", "experts_per_token", "shared_experts", "hidden", "vocab",
                   "max_context", "mtp_heads")
@@ -120,6 +120,9 @@ class Draft:
     id: str
     path: str
     method: str
+    # Whether the lab has read the code this folder would run with --trust-remote-code
+    # (drafts are loaded under the served model's trust setting).
+    remote_code: bool = False
 
     def named(self, name: str) -> bool:
         return name.casefold() == self.id.casefold() or clean_path(name) == self.path
@@ -183,6 +186,19 @@ class Catalog:
             return None
         return next((m for m in self.models if cleaned.startswith(m.path.rstrip("/") + "/")), None)
 
+    def folder_of(self, path: str) -> tuple[CatalogModel, Draft | None] | None:
+        """The catalog entry whose folder holds `path` (or that `path` names): a model, or
+        one of its drafts with the model it is listed under; None when no entry's folder
+        holds it (another folder of the models directory is not an entry)."""
+        cleaned = clean_path(path)
+        for model in self.models:
+            for draft in model.drafts:
+                inside = cleaned is not None and cleaned.startswith(draft.path.rstrip("/") + "/")
+                if draft.named(path) or inside:
+                    return model, draft
+        owner = self.owner_of(path)
+        return (owner, None) if owner is not None else None
+
     def describe(self) -> str:
         return ", ".join(m.describe() for m in self.models)
 
@@ -191,7 +207,8 @@ class Catalog:
         models = []
         for m in self.models:
             entry: dict[str, Any] = {"id": m.id, "path": m.path, "remote_code": m.remote_code,
-                                     "drafts": [{"id": d.id, "path": d.path, "method": d.method}
+                                     "drafts": [{"id": d.id, "path": d.path, "method": d.method,
+                                                 "remote_code": d.remote_code}
                                                 for d in m.drafts]}
             if m.profile is not None:
                 entry["profile"] = m.profile.as_dict()
@@ -298,9 +315,12 @@ class _Reader:
         for j, d in enumerate(raw_drafts):
             dwhere = f"{where}.drafts[{j}]"
             d = self.mapping(d, dwhere, DRAFT_FIELDS)
+            reviewed = d.get("remote_code", False)
+            if not isinstance(reviewed, bool):
+                raise self.fail(f"{dwhere}.remote_code", "must be true or false")
             drafts.append(Draft(self.text(d.get("id"), f"{dwhere}.id"),
                                 self.path(d.get("path"), f"{dwhere}.path"),
-                                self.text(d.get("method"), f"{dwhere}.method")))
+                                self.text(d.get("method"), f"{dwhere}.method"), reviewed))
         profile = None
         if entry.get("profile") is not None:
             profile = self.profile(entry["profile"], f"{where}.profile")

@@ -1,22 +1,25 @@
 """What the lab accepts from a well-formed configuration: only what its catalog holds.
 
-A configuration reaches root-owned nodes, so beyond being well-formed (lab.config) it may
-make an engine load nothing the lab did not place there: the model must be one of the
-catalog's (model.path its path or id), an EAGLE-3 draft one listed under that model, and
-the pass-through flags that load something (`Engine.loads`, by the flag's dest in
-the configuration's version) are held to the catalog too:
-remote code only for a model the catalog marks as reviewed, tokenizers, chat templates
-and generation configs only from the models directory, no download directory, and no
-compilation config that names code. Every refusal is a ConfigError naming the field.
+A configuration reaches the lab's nodes, so beyond being well-formed (lab.config) and
+passing only listed flags (lab.flag_policy) it may make an engine load nothing the lab did
+not place and review there. The model must be one of the catalog's (model.path its path or
+id), an EAGLE-3 draft one listed under that model, and every flag that loads something
+(`loads` in the version's list) is held to the catalog: a tokenizer, chat template or
+generation config only from a catalog entry's folder, and a compilation config only with
+keys that cannot name code. Remote code is judged on the command as the lab launches it
+(lab.engines.as_launched adds --trust-remote-code for a model the catalog marks as
+reviewed): once remote code is on, every folder the launch loads (the model's, the
+tokenizer's, the generation config's, the draft's) must be the served model's own or an
+entry the catalog marks as reviewed. Every refusal is a ConfigError naming the field.
 
-`lab.engines.normalize_config` applies this to every customer configuration; reading a
-launch back (`parse_launch`, what the simulated engine does) does not, as an engine knows
-nothing of the lab's catalog.
+`lab.engines.normalize_config` applies this to every customer configuration and
+`lab.engines.render` again to the launched command; reading a launch back
+(`parse_launch`, what the simulated engine does) does not, as an engine knows nothing of
+the lab's catalog.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,11 +27,6 @@ from lab.catalog import Catalog, CatalogModel
 from lab.config import ConfigError, shown
 from lab.engines.base import Engine
 
-# vLLM --compilation-config keys that only tune compilation and CUDA graphs; the others
-# (backend, custom passes, inductor settings) can name code to import and run.
-COMPILATION_KEYS = ("level", "mode", "cudagraph_mode", "cudagraph_capture_sizes",
-                    "max_cudagraph_capture_size", "use_cudagraph", "full_cuda_graph",
-                    "use_inductor", "compile_sizes", "cudagraph_num_of_warmups")
 # --generation-config also takes these words instead of a folder.
 GENERATION_CONFIG_WORDS = ("auto", "vllm")
 
@@ -65,51 +63,30 @@ def _remote_code(flag: str, value: Any, model: CatalogModel, catalog: Catalog) -
                             f"models its catalog marks as reviewed, and {model.id} is not one")
 
 
-def _tokenizer(flag: str, value: Any, model: CatalogModel, catalog: Catalog) -> None:
-    if model.named(str(value)) or catalog.holds_file(str(value)):
+def _in_entry(flag: str, value: Any, model: CatalogModel, catalog: Catalog, what: str,
+              words: tuple[str, ...] = ()) -> None:
+    """A file `flag` loads must lie in a catalog entry's folder (or name the served model)."""
+    if str(value) in words or model.named(str(value)) or catalog.folder_of(str(value)) is not None:
         return
-    raise _refuse(flag, f"{shown(value)}: a tokenizer must come from the lab's models directory "
-                        f"({catalog.models_dir}/...) or be the served model's own ({model.id}); "
-                        "remove the flag to use the model's")
+    also = f"use {' or '.join(words)}, or " if words else ""
+    raise _refuse(flag, f"{shown(value)}: {what} must come from a folder of the lab's catalog "
+                        f"({catalog.describe()}); {also}remove the flag to use the model's own")
+
+
+def _tokenizer(flag: str, value: Any, model: CatalogModel, catalog: Catalog) -> None:
+    _in_entry(flag, value, model, catalog, "a tokenizer")
 
 
 def _chat_template(flag: str, value: Any, model: CatalogModel, catalog: Catalog) -> None:
-    if catalog.holds_file(str(value)):
-        return
-    raise _refuse(flag, f"{shown(value)}: a chat template must be a file in the lab's models "
-                        f"directory ({catalog.models_dir}/...); inline templates and other paths "
-                        "are not accepted, and without the flag the model's own template is used")
+    if not catalog.holds_file(str(value)):
+        raise _refuse(flag, f"{shown(value)}: a chat template must be a file in the lab's models "
+                            f"directory ({catalog.models_dir}/...); inline templates and other paths "
+                            "are not accepted, and without the flag the model's own template is used")
+    _in_entry(flag, value, model, catalog, "a chat template")
 
 
 def _generation_config(flag: str, value: Any, model: CatalogModel, catalog: Catalog) -> None:
-    if value in GENERATION_CONFIG_WORDS or catalog.holds_file(str(value)):
-        return
-    raise _refuse(flag, f"{shown(value)}: use {' or '.join(GENERATION_CONFIG_WORDS)}, or a "
-                        f"folder in the lab's models directory ({catalog.models_dir}/...)")
-
-
-def _download_dir(flag: str, value: Any, model: CatalogModel, catalog: Catalog) -> None:
-    raise _refuse(flag, f"would make the engine fetch weights; the lab serves its own copies from "
-                        f"{catalog.models_dir} and runs engines offline; remove it")
-
-
-def _compilation_config(flag: str, value: Any, model: CatalogModel, catalog: Catalog) -> None:
-    text = str(value).strip()
-    if text.isdigit() and len(text) == 1:
-        return  # an optimization level, -O3 style
-    parsed: Any = value  # the version's parser has read its JSON already
-    if not isinstance(value, dict):
-        try:
-            parsed = json.loads(text)
-        except (ValueError, RecursionError):
-            parsed = None
-    if not isinstance(parsed, dict):
-        raise _refuse(flag, f"{shown(value)} is not a level (0-3) or a JSON object")
-    named = [k for k in parsed if k not in COMPILATION_KEYS]
-    if named:
-        raise _refuse(flag, f"key {shown(named[0])} is not accepted: keys that can name code "
-                            f"(backend, passes, inductor settings) are refused; accepted: "
-                            f"{', '.join(COMPILATION_KEYS)}")
+    _in_entry(flag, value, model, catalog, "a generation config", GENERATION_CONFIG_WORDS)
 
 
 CHECKS: dict[str, Callable[[str, Any, CatalogModel, Catalog], None]] = {
@@ -117,44 +94,75 @@ CHECKS: dict[str, Callable[[str, Any, CatalogModel, Catalog], None]] = {
     "tokenizer": _tokenizer,
     "chat_template": _chat_template,
     "generation_config": _generation_config,
-    "download_dir": _download_dir,
-    "compilation_config": _compilation_config,
 }
 
 
-# What else a configuration loads files from, with its own code once remote code is on.
+# What else a launch loads files from, with their own code once remote code is on.
 CODE_SOURCES = ("tokenizer", "generation_config")
 
 
 def _reviewed_source(flag: str, value: Any, model: CatalogModel, catalog: Catalog) -> None:
-    """With --trust-remote-code, a tokenizer or generation config from another model's
-    files runs that model's code: it must be the served model's own, or a model the
-    catalog marks as reviewed."""
+    """With --trust-remote-code (the customer's, or the lab's for a reviewed model), a
+    tokenizer or generation config from another entry's folder runs that entry's code: it
+    must be the served model's own, or an entry the catalog marks as reviewed."""
     if str(value) in GENERATION_CONFIG_WORDS:
         return
-    owner = catalog.owner_of(str(value))
-    if owner is not None and (owner == model or owner.remote_code):
-        return
-    whose = f"{owner.id}, whose code is not reviewed" if owner else "no model of the catalog"
+    found = catalog.folder_of(str(value))
+    if found is not None:
+        owner, draft = found
+        reviewed = draft.remote_code if draft is not None else (owner == model or owner.remote_code)
+        if reviewed:
+            return
+        whose = f"{draft.id if draft is not None else owner.id}, whose code is not reviewed"
+    else:
+        whose = "no entry of the catalog"
     raise _refuse(flag, f"{shown(value)} with --trust-remote-code would run the code of {whose}; "
-                        f"with remote code on, every file loaded must be {model.id}'s own or a "
-                        "reviewed model's")
+                        f"with remote code on, every folder loaded must be {model.id}'s own or a "
+                        "reviewed entry's")
+
+
+def _reviewed_draft(config: Mapping[str, Any], model: CatalogModel) -> None:
+    spec = config["speculative"]
+    if spec is None or spec.get("draft_model") is None:
+        return
+    draft = model.draft(spec["draft_model"], spec["method"])
+    if draft is not None and not draft.remote_code:
+        raise ConfigError("speculative.draft_model",
+                          f"{shown(spec['draft_model'])} would load with --trust-remote-code (the lab "
+                          f"launches {model.id} with it), and the lab has not reviewed the draft's "
+                          "code: its catalog entry needs remote_code: true")
+
+
+def remote_code_on(config: Mapping[str, Any], engine: Engine, model: CatalogModel) -> bool:
+    """Whether the command the lab launches for `config` runs remote code: the customer's
+    --trust-remote-code, or the lab's, which as_launched adds for a model the catalog marks
+    as reviewed."""
+    parser = engine.parser(config["engine"]["version"])
+    values = parser.parse(config["extra_args"], partial=True).values()
+    option = parser.option("--trust-remote-code")
+    if option is None:
+        return False
+    if option.dest in values:
+        return bool(values[option.dest])
+    return model.remote_code
 
 
 def admit(config: Mapping[str, Any], engine: Engine, catalog: Catalog) -> None:
-    """ConfigError unless everything `config` makes a node load is in `catalog`. `config`
-    is normalized and its extra_args already checked to be pass-through flags of its
-    version. Remote code is judged on every file the configuration loads, not the served
-    model's alone."""
+    """ConfigError unless everything the launch of `config` makes a node load is in
+    `catalog`. `config` is normalized and its extra_args already held to the version's
+    list. Remote code is judged on the command as launched (the lab's own
+    --trust-remote-code included) and on every folder it loads."""
     model = served_model(config, catalog)
     _draft(config, model)
     parser = engine.parser(config["engine"]["version"])
     given = parser.parse(config["extra_args"], partial=True).given
     loaded = [(g, engine.loads(parser, g.option)) for g in given]
-    remote = any(kind == "remote_code" and g.value for g, kind in loaded)
+    remote = remote_code_on(config, engine, model)
     for g, kind in loaded:
         flag = g.option.option_strings[0]
         if kind:
             CHECKS[kind](flag, g.value, model, catalog)
         if remote and kind in CODE_SOURCES:
             _reviewed_source(flag, g.value, model, catalog)
+    if remote:
+        _reviewed_draft(config, model)

@@ -58,7 +58,7 @@ KIMI_K2_IDENTITY: dict[str, Any] = {
     "path": "/models/kimi-k2",
     "remote_code": True,
     "drafts": [{"id": "AQ-MedAI/Kimi-K2-Instruct-eagle3", "path": "/models/kimi-k2-eagle3",
-                "method": "eagle3"}],
+                "method": "eagle3", "remote_code": True}],
 }
 # The catalog profile's fields, as LAB_MODEL.md section 2 names them.
 PROFILE_KEYS = ("total_params_b", "active_params_b", "layers", "experts", "experts_per_token",
@@ -138,7 +138,8 @@ def scenario_catalog(scenario: Scenario) -> Catalog:
     profile["kv_bytes_per_token"] = dict(profile["kv_bytes_per_token"])
     profile["source"] = (f"simulated lab {scenario.name}: the scenario's model profile "
                          "(LAB_MODEL.md section 2)")
-    drafts = [{"id": d["id"], "path": d["path"], "method": d["method"]} for d in identity["drafts"]]
+    drafts = [{"id": d["id"], "path": d["path"], "method": d["method"],
+               "remote_code": bool(d.get("remote_code", False))} for d in identity["drafts"]]
     entry = {"id": identity["id"], "path": identity["path"], "remote_code": bool(identity["remote_code"]),
              "drafts": drafts, "profile": profile}
     digest = hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:12]

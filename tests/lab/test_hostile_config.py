@@ -201,20 +201,63 @@ def test_remote_code_is_refused_for_a_model_the_catalog_does_not_mark(
                       "--trust-remote-code")
 
 
+# A lab holding a second model whose code it has not reviewed, and a draft it has not
+# reviewed under the reviewed Kimi K2.
+TWO_MODELS = {"schema": "lab.catalog/1", "version": "test", "models_dir": "/models",
+              "models": [{"id": "moonshotai/Kimi-K2-Instruct-0905", "path": "/models/kimi-k2",
+                          "remote_code": True,
+                          "drafts": [{"id": EAGLE3["draft_model"], "method": "eagle3",
+                                      "path": "/models/kimi-k2-eagle3", "remote_code": True}]},
+                         {"id": "other/Unreviewed", "path": "/models/other-model",
+                          "remote_code": False}]}
+
+
 @pytest.mark.parametrize("extra", [
     ["--trust-remote-code", "--tokenizer", "/models/other-model"],
-    ["--trust-remote-code", "--tokenizer", "/models/kimi-k2-eagle3/tokenizer"],
-    ["--trust-remote-code", "--generation-config", "/models/unreviewed"],
+    ["--tokenizer", "/models/other-model"],
+    ["--tokenizer", "/models/other-model/tokenizer"],
+    ["--trust-remote-code", "--generation-config", "/models/other-model"],
+    ["--generation-config", "/models/other-model"],
 ])
-def test_remote_code_is_judged_on_every_file_the_configuration_loads(extra: list[str]) -> None:
-    # A tokenizer or generation config from another model's files would run that model's
-    # code under --trust-remote-code: only the served model's own or a reviewed model's.
+def test_remote_code_is_judged_on_the_command_as_launched(
+        extra: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tokenizer or generation config from an unreviewed model's files would run that
+    # model's code: the lab launches Kimi K2 with --trust-remote-code (its catalog marks it
+    # reviewed) whether the customer wrote the flag or not.
+    monkeypatch.setattr(lab.engines, "load_catalog", lambda: parse_catalog(TWO_MODELS))
     with pytest.raises(ConfigError) as info:
         normalize_config({**reference(), "extra_args": extra})
     assert info.value.field == "extra_args"
-    assert "--trust-remote-code would run the code of" in info.value.problem
-    # Without remote code the same file is only read, and the lab holds it.
-    assert normalize_config({**reference(), "extra_args": extra[1:]})
+    assert "--trust-remote-code would run the code of other/Unreviewed" in info.value.problem
+    # With remote code off, the same file is only read, and the lab holds it.
+    read_only = [a for a in extra if a != "--trust-remote-code"]
+    assert normalize_config({**reference(), "extra_args": ["--no-trust-remote-code", *read_only]})
+
+
+@pytest.mark.parametrize("extra", [
+    ["--tokenizer", "/models/not-an-entry"],
+    ["--generation-config", "/models/unreviewed"],
+    ["--chat-template", "/models/loose/template.jinja"],
+])
+def test_a_file_from_a_folder_that_is_no_entry_of_the_catalog_is_refused(extra: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        normalize_config({**reference(), "extra_args": extra})
+    assert info.value.field == "extra_args"
+    assert "must come from a folder of the lab's catalog" in info.value.problem
+
+
+def test_an_unreviewed_draft_is_refused_when_the_launch_runs_remote_code(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog = copy.deepcopy(TWO_MODELS)
+    catalog["models"][0]["drafts"][0]["remote_code"] = False
+    monkeypatch.setattr(lab.engines, "load_catalog", lambda: parse_catalog(catalog))
+    with pytest.raises(ConfigError) as info:
+        normalize_config({**reference(), "speculative": EAGLE3})
+    assert info.value.field == "speculative.draft_model"
+    assert "has not reviewed the draft's code" in info.value.problem
+    # Remote code off: the draft's folder is only read.
+    assert normalize_config({**reference(), "speculative": EAGLE3,
+                             "extra_args": ["--no-trust-remote-code"]})
 
 
 def test_what_the_lab_holds_is_accepted() -> None:
@@ -222,9 +265,9 @@ def test_what_the_lab_holds_is_accepted() -> None:
         **reference(),
         "env": {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1",
                 "VLLM_USE_DEEP_GEMM": "1", "OMP_NUM_THREADS": 8},
-        "extra_args": ["--trust-remote-code", "--tokenizer", "moonshotai/Kimi-K2-Instruct-0905",
+        "extra_args": ["--trust-remote-code", "--tokenizer", "/models/kimi-k2",
                        "--chat-template", "/models/kimi-k2/chat_template.jinja",
-                       "--generation-config", "auto", "--compilation-config", '{"level": 3}'],
+                       "--generation-config", "auto", "--compilation-config", '{"mode": 3}'],
     })
     assert config["env"]["OMP_NUM_THREADS"] == "8"
     assert normalize_config({**reference(), "model": {"path": "moonshotai/Kimi-K2-Instruct-0905"},

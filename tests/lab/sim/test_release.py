@@ -305,7 +305,7 @@ def test_the_kimi_profile_says_where_the_lab_holds_it() -> None:
     assert (model["id"], model["path"], model["remote_code"]) == \
         ("moonshotai/Kimi-K2-Instruct-0905", "/models/kimi-k2", True)
     assert model["drafts"] == [{"id": "AQ-MedAI/Kimi-K2-Instruct-eagle3", "path": "/models/kimi-k2-eagle3",
-                                "method": "eagle3"}]
+                                "method": "eagle3", "remote_code": True}]
     custom = parse_scenario({"schema": "labsim.scenario/1", "model": {
         "name": "other", "id": "org/other", "path": "/models/other", "remote_code": False,
         "drafts": [{"id": "org/draft", "path": "/models/draft", "method": "eagle3"}]}}).model

@@ -58,6 +58,7 @@ from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_s
 from diagnostic.pipelines.triage.coldstart import launch_offsets
 from lab.engines import parse_log
 from lab.engines.base import argument_refusal
+from lab.engines.logs import crash_family
 from lab.session import LabError, LabSession, LaunchFailed, LaunchResult, shown_spec
 
 # Lab seconds a cold start may take before it counts as hung: the reference lab's
@@ -420,10 +421,17 @@ def _start_after_crash(
     except LaunchFailed as again:
         ctx.attach(f"engine log tail, {again.node} (second start)", again.log_tail)
         starts = [_start_info(first), _start_info(again)]
-        same = (again.engine_error or again.reason) == (first.engine_error or first.reason)
-        if not same:
+        # The same way means the same family of error (out of memory, NCCL, CUDA, the Python
+        # exception type, the signal), not the same words: an out-of-memory error names
+        # another free-GiB figure on every start.
+        families = [crash_family(first.engine_error, first.exit_code),
+                    crash_family(again.engine_error, again.exit_code)]
+        for start, family in zip(starts, families, strict=True):
+            start["family"] = family
+        if families[0] != families[1]:
             raise LabFault("engine_crash", f"the engine crashed on two starts of the same configuration, "
-                           f"differently: {first.reason}; then {again.reason}",
+                           f"differently ({families[0]}, then {families[1]}): {first.reason}; then "
+                           f"{again.reason}",
                            nodes=sorted({first.node, again.node}), evidence={"starts": starts}) from again
         engine = str(config["engine"]["name"])
         telemetry = _collect_telemetry(ctx, sampler_from)

@@ -409,3 +409,42 @@ def failure_event(events: Iterable[Event]) -> Event | None:
     exceptions = [e for e in telling if e.get("exception")]
     found = exceptions or telling or errors
     return found[-1] if found else None
+
+
+# -- crash families --------------------------------------------------------------------------
+# Whether two failed starts failed the same way is decided by the family of the error, not
+# its exact words: the same out-of-memory error names a different free-GiB figure each
+# time, an NCCL error a different peer, a CUDA error a different address. The families, by
+# what the engines' own errors say (PyTorch's "CUDA out of memory" / torch.OutOfMemoryError,
+# vLLM's and SGLang's KV-cache refusals, NCCL's ncclSystemError / "NCCL error", the CUDA
+# runtime's "CUDA error: ..."), then the Python exception type of the final traceback line,
+# then a signal or the exit code.
+_CRASH_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("out_of_memory", re.compile(r"out of memory|OutOfMemoryError|Not enough memory|"
+                                 r"Cannot allocate memory|KV cache is needed|"
+                                 r"larger than the available KV cache memory|"
+                                 r"No available memory for the cache blocks", re.IGNORECASE)),
+    ("nccl", re.compile(r"\bNCCL\b|nccl[A-Z]\w*Error|ProcessGroupNCCL", re.IGNORECASE)),
+    ("cuda", re.compile(r"CUDA error|cudaError\w*|CUBLAS_STATUS_\w+|illegal memory access|"
+                        r"device-side assert", re.IGNORECASE)),
+)
+_EXCEPTION_TYPE = re.compile(r"^(?:[\w.]+\.)?(?P<type>[A-Z]\w*(?:Error|Exception|Exit|Interrupt|"
+                             r"Warning|Failure))\b")
+_SIGNALS = {-9: "SIGKILL", -15: "SIGTERM", -6: "SIGABRT", -11: "SIGSEGV", -7: "SIGBUS",
+            137: "SIGKILL", 134: "SIGABRT", 139: "SIGSEGV", 135: "SIGBUS"}
+
+
+def crash_family(engine_error: str | None, exit_code: int | None) -> str:
+    """The family of an engine's failure to start: out_of_memory, nccl, cuda, the Python
+    exception type of its final error line (python:ValueError), a signal (signal:SIGKILL),
+    else its exit code (exit:1). Two starts that failed in one family failed the same way."""
+    text = engine_error or ""
+    for family, pattern in _CRASH_FAMILIES:
+        if pattern.search(text):
+            return family
+    m = _EXCEPTION_TYPE.match(text.strip())
+    if m:
+        return f"python:{m['type']}"
+    if exit_code in _SIGNALS:
+        return f"signal:{_SIGNALS[exit_code]}"
+    return f"exit:{exit_code}"

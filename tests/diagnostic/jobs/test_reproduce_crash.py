@@ -15,6 +15,7 @@ from diagnostic.jobs.context import FindingDraft, StopJob
 from diagnostic.jobs.faults import LabFault, classify
 from lab.clock import LabClock
 from lab.engines.base import argument_refusal
+from lab.engines.logs import crash_family
 from lab.session import LaunchFailed, LaunchResult
 
 CONFIG: dict[str, Any] = {"engine": {"name": "vllm", "version": "0.29.0"}}
@@ -104,6 +105,39 @@ def test_a_different_crash_is_a_lab_fault_that_holds_the_day() -> None:
     assert fault.value.what == "engine_crash" and fault.value.nodes == ["spark-03", "spark-06"]
     assert classify(fault.value).holds_the_day
     assert ctx.findings == []
+
+
+def test_the_same_crash_in_other_words_is_still_the_configurations() -> None:
+    # The attack that held a day: an out-of-memory error naming another free figure on the
+    # second start read as "a different crash", a lab fault, and the day went free.
+    first = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has 1.37 GiB free."
+    again = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has 0.91 GiB free."
+    ctx = Ctx(Session(crash(again)))
+    with pytest.raises(StopJob) as stopped:
+        reproduce._start_after_crash(ctx, CONFIG, crash(first))  # type: ignore[arg-type]
+    assert stopped.value.side == "customer"
+    [finding] = ctx.findings
+    assert [s["family"] for s in finding.evidence["starts"]] == ["out_of_memory", "out_of_memory"]
+
+
+@pytest.mark.parametrize(("error", "exit_code", "family"), [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", 1, "out_of_memory"),
+    ("ValueError: To serve at least one request with the models's max seq len (262144), (24.0 GiB KV "
+     "cache is needed, which is larger than the available KV cache memory (3.18 GiB).", 1, "out_of_memory"),
+    ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled system "
+     "error, NCCL version 2.27.3", 1, "nccl"),
+    ("torch.distributed.DistBackendError: NCCL error: remote process exited", 1, "nccl"),
+    (BOOM, 1, "cuda"),
+    ("ValueError: max_num_batched_tokens (4) must be greater than or equal to max_num_seqs (8).", 1,
+     "python:ValueError"),
+    ("ValueError: something else entirely", 1, "python:ValueError"),
+    ("KeyError: 'model.layers.0'", 1, "python:KeyError"),
+    (None, -9, "signal:SIGKILL"),
+    (None, 137, "signal:SIGKILL"),
+    (None, 3, "exit:3"),
+])
+def test_a_crash_is_classified_by_its_family(error: str | None, exit_code: int, family: str) -> None:
+    assert crash_family(error, exit_code) == family
 
 
 @pytest.mark.parametrize(("error", "code", "words"), [

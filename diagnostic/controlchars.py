@@ -4,8 +4,10 @@ page naming the parameter and the character, before a view, a query or a log lin
 it. A NUL reaching PostgreSQL is a DataError (a 500), a newline reaching an argv or a log
 splits it, an escape reaching a terminal or a page hides what follows.
 
-Refused: the C0 controls (U+0000-U+001F), DEL and the C1 controls (U+007F-U+009F).
-Tab, newline and carriage return are refused too, except in the form fields that are
+Refused: the C0 controls (U+0000-U+001F), DEL and the C1 controls (U+007F-U+009F), and
+the Unicode line and paragraph separators (U+2028, U+2029), which count as line breaks:
+Python's str.splitlines, YAML and JavaScript all break lines there. Tab, newline, carriage
+return and those two separators are refused too, except in the form fields that are
 multi-line text (MULTILINE_FIELDS: a YAML file, a pasted command and its continuation
 lines, the env box, staff narratives, notes and reasons) and in the admin's forms (Django
 validates those itself, and its text areas take lines). The configuration layer checks
@@ -16,6 +18,10 @@ A view that refuses control characters in some of its form fields itself, beside
 field and with the input kept (the portal's configuration page), names them with
 `checks_control_characters`; the middleware leaves those fields to it, and still checks
 the path, the query string and the view's other fields.
+
+The path and the query string are looked at first, before the URL is resolved, so a path
+that names no page is refused (400) as one that does (`/portal/%00/` is a 400, not a 404);
+a form once the URL is resolved, so the admin is told apart.
 
 Invalid UTF-8 in a query string or a form (%ff) is decoded by Django as U+FFFD and is
 left to the views, which refuse it as any other wrong value.
@@ -46,9 +52,10 @@ MULTILINE_FIELDS = frozenset({
     "note",       # staff: a consultant's note on a finding
     "reason",     # staff: why a money-back decision was overridden or reverted
 })
-ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-# In multi-line text: every control but tab, newline and carriage return.
-CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+ANY_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# In multi-line text: every control but tab and the line breaks (newline, carriage return,
+# the line and paragraph separators).
+CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def checks_control_characters(*fields: str) -> Callable[[View], View]:
@@ -118,22 +125,32 @@ def _scan(where: str, items: Iterable[tuple[str, list[Any]]], *, lines_in: Calla
     return None
 
 
-def find_control(request: HttpRequest, *, admin: bool = False,
-                 view_checks: frozenset[str] = frozenset()) -> Refusal | None:
-    """The first control character of the request's path, query string or form, or None.
-    `admin`: tab, newline and carriage return pass in every form field. `view_checks`:
-    form fields the view checks itself (their names are still looked at)."""
+def find_in_address(request: HttpRequest) -> Refusal | None:
+    """The first control character of the request's path or query string, or None."""
     hit = _first(ANY_CONTROL, request.path_info)
     if hit is not None:
         return Refusal("path", "", hit[0], hit[1], multiline=False)
-    refusal = _scan("query", request.GET.lists(), lines_in=lambda name: False)
-    if refusal is not None or request.method not in ("POST", "PUT", "PATCH", "DELETE"):
-        return refusal
+    return _scan("query", request.GET.lists(), lines_in=lambda name: False)
+
+
+def find_in_form(request: HttpRequest, *, admin: bool = False,
+                 view_checks: frozenset[str] = frozenset()) -> Refusal | None:
+    """The first control character of the request's form (names and values), or None.
+    `admin`: tab and the line breaks pass in every form field. `view_checks`: form fields
+    the view checks itself (their names are still looked at)."""
+    if request.method not in ("POST", "PUT", "PATCH", "DELETE"):
+        return None
     fields = ((name, [] if name in view_checks else values) for name, values in request.POST.lists())
     refusal = _scan("form", fields, lines_in=lambda name: admin or name in MULTILINE_FIELDS)
     if refusal is not None:
         return refusal
     return _scan("form", ((name, []) for name in request.FILES), lines_in=lambda name: False)
+
+
+def find_control(request: HttpRequest, *, admin: bool = False,
+                 view_checks: frozenset[str] = frozenset()) -> Refusal | None:
+    """The first control character of the request's path, query string or form, or None."""
+    return find_in_address(request) or find_in_form(request, admin=admin, view_checks=view_checks)
 
 
 def refused(refusal: Refusal) -> HttpResponse:
@@ -146,16 +163,21 @@ def refused(refusal: Refusal) -> HttpResponse:
 class ControlCharacterMiddleware:
     """Answers 400 (plain text, naming the parameter) before the view when the request's
     path, query string or form holds a control character (see the module's docstring).
-    It looks in process_view, where the URL is resolved, so the admin is told apart."""
+    The path and the query string are looked at as the request comes in, whether or not
+    the URL names a page; the form in process_view, where the URL is resolved, so the
+    admin is told apart."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        refusal = find_in_address(request)
+        if refusal is not None:
+            return refused(refusal)
         return self.get_response(request)
 
     def process_view(self, request: HttpRequest, view: Any, args: Any, kwargs: Any) -> HttpResponse | None:
         match = request.resolver_match
         admin = match is not None and "admin" in match.app_names
-        refusal = find_control(request, admin=admin, view_checks=getattr(view, OWN_CHECKS, frozenset()))
+        refusal = find_in_form(request, admin=admin, view_checks=getattr(view, OWN_CHECKS, frozenset()))
         return None if refusal is None else refused(refusal)

@@ -7,6 +7,7 @@ which field and what is accepted, and nothing of it is stored."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -152,7 +153,11 @@ def test_a_nul_in_a_path_or_query_string_is_a_400_naming_it(cast: Cast, alices: 
     response = cast.client("alice").get(f"/portal/jobs/{alices.job.pk}/?version=1%00")
     assert response.status_code == 400
     assert "query parameter 'version'" in response.content.decode()
-    assert cast.client("alice").get("/portal/bookings/%00/").status_code == 404  # no such URL at all
+    # No such URL at all: still a 400 naming the path, not a 404 (issue 36).
+    for path in ("/portal/bookings/%00/", "/portal/%00/", "/no/such/%00/page", "/staff/%00/"):
+        answer = cast.client("alice").get(path)
+        assert answer.status_code == 400, path
+        assert "The address (URL path) holds a control character (U+0000, NUL)" in answer.content.decode()
     named = cast.client("alice").get("/portal/?a%01b=1")
     assert named.status_code == 400 and "A parameter name, 'a\\x01b'," in named.content.decode()
 
@@ -242,3 +247,56 @@ def test_the_admin_takes_lines_in_its_text_areas_but_no_nul(lab: Lab) -> None:
     assert lab.description == "Two\r\nlines"
     refused = client.post(url, {**form, "description": "NUL\x00"})
     assert refused.status_code == 400 and "form field 'description'" in refused.content.decode()
+
+
+# -- issue 36: the Unicode line separators are line breaks ------------------------------------------
+LINE_BREAKS = (("\u2028", "U+2028, a line separator"), ("\u2029", "U+2029, a paragraph separator"))
+
+
+def test_a_line_separator_in_a_query_is_a_400_naming_it(
+    staff_client: Client, cast: Cast, finished: DiagnosticJob
+) -> None:
+    """The attack: U+2028 passed in ?q= (the jobs' search) where a newline is refused."""
+    for char, name in LINE_BREAKS:
+        for client, url in ((staff_client, "/staff/?q=acme{}x"), (cast.client("alice"), "/portal/?q=a{}b")):
+            response = client.get(url.format(quote(char)))
+            assert response.status_code == 400, (url, name)
+            said = response.content.decode()
+            assert f"query parameter 'q' holds a control character ({name})" in said
+            assert "Only printable text on one line is accepted there" in said
+    path = staff_client.get(f"/staff/jobs/{finished.pk}/log/pre{quote(chr(0x2028))}flight/")
+    assert path.status_code == 400 and "The address (URL path)" in path.content.decode()
+
+
+def test_a_finding_title_takes_no_line_separator_and_a_narrative_takes_it_as_a_line(
+    staff_client: Client, finished: DiagnosticJob
+) -> None:
+    """The attack: U+2028 passed in a finding's title (one line in the report's headings)."""
+    finding = finished.finding_set.order_by("id").first()
+    assert finding is not None
+    url = f"/staff/reports/{finished.pk}/findings/{finding.pk}/"
+    for char, name in LINE_BREAKS:
+        title = f"Slow disk{char}second line"
+        response = staff_client.post(url, {"title": title, "narrative": "", "note": ""})
+        assert response.status_code == 400
+        assert f"form field 'title' holds a control character ({name})" in response.content.decode()
+    assert not FindingEdit.objects.exists()
+    lines = staff_client.post(url, {"title": finding.title, "narrative": "First line.\u2028Second line.",
+                                    "note": ""})
+    assert lines.status_code == 302
+    assert FindingEdit.objects.filter(field="narrative").exists()
+
+
+def test_a_single_line_portal_field_takes_no_line_separator(cast: Cast, booking: Booking) -> None:
+    # The configuration page checks its fields itself, beside the field, the input kept.
+    from tests.diagnostic.portal.test_config_views import FORM
+
+    response = cast.client("alice").post(config_url(booking), {
+        "source": "form", **FORM, "model__path": "/models/kimi\u2029-k2", "action": "preview"})
+    assert response.status_code == 400
+    assert "U+2029, a paragraph separator" in response.content.decode().split('id="f-model__path"')[1]
+    # Elsewhere the door refuses it, naming the field.
+    response = cast.client("alice").post(f"/portal/bookings/{booking.uuid}/cancel/", {"reason": "x",
+                                                                                       "confirm\u2028": "1"})
+    assert response.status_code == 400
+    assert "A parameter name, 'confirm\\u2028'," in response.content.decode()

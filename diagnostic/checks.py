@@ -2,7 +2,12 @@
 
 A report, an invitation and a held-day notice go out from DEFAULT_FROM_EMAIL; the
 development default (an address at localhost) cannot be answered and is refused by most
-receiving servers, so a deployment must say which address its mail comes from.
+receiving servers, so a deployment must say which address its mail comes from (E001). It
+must send them, too: with DEBUG off, email written to files under out/email is an error
+(E002; the settings already refuse to start the web app and Celery that way, except on a
+process only this machine can reach). Staff pages without the second factor
+(STAFF_REQUIRE_2FA off) are a warning (W001), and so are throttles counted in each
+process's own memory, with no shared cache (CACHE_URL unset: W002).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 DEVELOPMENT_SENDER_DOMAINS = ("localhost", "localhost.localdomain", "example.com", "example.org")
 
@@ -35,3 +40,39 @@ def check_sender(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                   hint="set DEFAULT_FROM_EMAIL to the address reports and invitations come from, "
                        "e.g. DEFAULT_FROM_EMAIL=diagnostic@yourfirm.com",
                   id="diagnostic.E001")]
+
+
+FILE_EMAIL = "django.core.mail.backends.filebased.EmailBackend"
+LOCAL_CACHE = "django.core.cache.backends.locmem.LocMemCache"
+
+
+@register(Tags.security, deploy=True)
+def check_email_is_sent(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if settings.DEBUG or settings.EMAIL_BACKEND != FILE_EMAIL:
+        return []
+    return [Error(f"EMAIL_URL is not set: password resets, invitations and reports are written to "
+                  f"files under {settings.EMAIL_FILE_PATH} instead of reaching anyone",
+                  hint="set EMAIL_URL=smtp+tls://user:password@mail.example.com:587 (or EMAIL_HOST and the "
+                       "EMAIL_* settings)",
+                  id="diagnostic.E002")]
+
+
+@register(Tags.security, deploy=True)
+def check_second_factor(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if settings.STAFF_REQUIRE_2FA:
+        return []
+    return [Warning("STAFF_REQUIRE_2FA is off: a staff password alone opens the staff dashboard and the "
+                    "admin",
+                    hint="leave STAFF_REQUIRE_2FA unset (on with DEBUG off) or set STAFF_REQUIRE_2FA=true; "
+                         "staff enrol through a one-time link (manage.py otp_enrol_link EMAIL for the first)",
+                    id="diagnostic.W001")]
+
+
+@register(Tags.security, deploy=True)
+def check_shared_cache(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    backend = settings.CACHES.get("default", {}).get("BACKEND", "")
+    if settings.DEBUG or backend != LOCAL_CACHE:
+        return []
+    return [Warning("CACHE_URL is not set: the password-reset throttle counts in each process's own memory, "
+                    "so every web worker allows its own share",
+                    hint="set CACHE_URL=redis://host:6379/1 (compose sets it)", id="diagnostic.W002")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -140,16 +141,54 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "diagnostic.accounts.backends.PortalBackend",
 ]
-# Failed logins: a lock per account and, separately, per client address.
+# Failed logins (diagnostic.accounts.lockout): AXES_FAILURE_LIMIT failures against one
+# account from one client address lock that client out of that account, and nobody else;
+# AXES_ADDRESS_FAILURE_LIMIT failures from one address, whatever the accounts, lock that
+# address out of every account. Both for AXES_COOLOFF_MINUTES after the last failure.
 AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_ADDRESS_FAILURE_LIMIT = envint("AXES_ADDRESS_FAILURE_LIMIT", 20, minimum=1)
+if AXES_ADDRESS_FAILURE_LIMIT < AXES_FAILURE_LIMIT:
+    raise ImproperlyConfigured(
+        f"AXES_ADDRESS_FAILURE_LIMIT={AXES_ADDRESS_FAILURE_LIMIT} must be at least AXES_FAILURE_LIMIT="
+        f"{AXES_FAILURE_LIMIT}: it counts one address's failures against every account together")
 AXES_COOLOFF_TIME = dt.timedelta(minutes=envint("AXES_COOLOFF_MINUTES", 15, minimum=1))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
+AXES_HANDLER = "diagnostic.accounts.lockout.AccountAndAddressHandler"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "diagnostic.accounts.views.locked_out"
 AXES_VERBOSE = False
-# Behind a proxy, set AXES_IPWARE_PROXY_COUNT so the client address is the real one.
-AXES_IPWARE_PROXY_COUNT = envint("AXES_IPWARE_PROXY_COUNT", 0, minimum=0) or None
+# The client's address (diagnostic.accounts.clientip, with django-ipware). Behind proxies,
+# AXES_IPWARE_PROXY_COUNT is how many stand between the clients and the app, each appending
+# to X-Forwarded-For the address it received the request from (compose: 1, the TLS proxy on
+# the host). The client is then the hop just before them, counted from the right, so what a
+# client writes into X-Forwarded-For itself is never taken for its address. 0 (the default):
+# clients connect to the app directly, and X-Forwarded-For, which anyone can write, is
+# ignored. Set it to the real number: one too few and every client counts as the proxy (one
+# person's failures lock out everyone), one too many and a client picks its own address.
+AXES_IPWARE_PROXY_COUNT = envint("AXES_IPWARE_PROXY_COUNT", 0, minimum=0)
+AXES_CLIENT_IP_CALLABLE = "diagnostic.accounts.clientip.client_address"
 PASSWORD_RESET_TIMEOUT = envint("PASSWORD_RESET_TIMEOUT_S", 3 * 24 * 3600, minimum=600)
+# Password reset emails: at most this many requests per client address, and per email
+# address asked for (with an account or not), in each window of PASSWORD_RESET_WINDOW_S;
+# past either, the page says to try again later and sends nothing (diagnostic.accounts.views).
+PASSWORD_RESET_WINDOW_S = envint("PASSWORD_RESET_WINDOW_S", 900, minimum=60)
+PASSWORD_RESET_LIMIT_PER_ADDRESS = envint("PASSWORD_RESET_LIMIT_PER_ADDRESS", 10, minimum=1)
+PASSWORD_RESET_LIMIT_PER_ACCOUNT = envint("PASSWORD_RESET_LIMIT_PER_ACCOUNT", 3, minimum=1)
+
+# Django's cache holds the throttles' counters: Redis through CACHE_URL (redis://host:6379/1)
+# so that every process counts together, as a deployment needs; this process's memory when
+# unset (development, the tests).
+_cache_url = envstr("CACHE_URL", "")
+if _cache_url:
+    _cache_scheme = urlsplit(_cache_url).scheme.lower()
+    if _cache_scheme not in ("redis", "rediss"):
+        raise ImproperlyConfigured(
+            f"CACHE_URL has the scheme {_cache_scheme!r}; use redis://host:6379/1 (or rediss://)")
+    CACHES: dict[str, Any] = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                          "LOCATION": _cache_url, "KEY_PREFIX": "diagnostic"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                          "LOCATION": "diagnostic"}}
 
 LANGUAGE_CODE = "en-gb"
 TIME_ZONE = "UTC"
@@ -170,6 +209,13 @@ STORAGES = {
         "django.contrib.staticfiles.storage.StaticFilesStorage" if DEBUG
         else "whitenoise.storage.CompressedManifestStaticFilesStorage")},
 }
+
+# Uploads (the portal's configuration file): held to the portal's limit while they arrive,
+# in memory, never written to disk; what is past the limit is counted and dropped
+# (diagnostic.portal.uploads), and the page says the file's size and the limit.
+FILE_UPLOAD_HANDLERS = ["diagnostic.portal.uploads.BoundedUploadHandler"]
+# The portal's forms hold one file; a request with more is refused (400) before it is read.
+DATA_UPLOAD_MAX_NUMBER_FILES = 4
 
 # Cookies: HttpOnly sessions always, SameSite=Lax; Secure whenever DEBUG is off.
 SESSION_COOKIE_HTTPONLY = True
@@ -207,6 +253,17 @@ CONTENT_SECURITY_POLICY = {
 }
 
 # Email: files under out/email by default, SMTP through EMAIL_URL or EMAIL_HOST.
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+
+
+def serves_only_this_machine(allowed_hosts: list[str], site_url: str) -> bool:
+    """Whether a process answers only names of this machine: ALLOWED_HOSTS lists loopback
+    names alone (at least one) and SITE_URL, the links' address, is on loopback too."""
+    site_host = (urlsplit(site_url).hostname or "").lower()
+    return (bool(allowed_hosts) and all(h.strip().lower() in LOOPBACK_HOSTS for h in allowed_hosts)
+            and site_host in LOOPBACK_HOSTS)
+
+
 DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "diagnostic@localhost")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 # Who hears at once when a lab fault holds a diagnostic day, for a lab with no contact of
@@ -230,6 +287,18 @@ else:
         "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
         "EMAIL_FILE_PATH": str(Path(envstr("EMAIL_FILE_PATH", str(OUT_DIR / "email")))),
     }
+    # Files under out/email are for development. With DEBUG off they would take customers'
+    # password-reset and invitation links and reports where nobody reads them, so the web
+    # app and Celery refuse to start without EMAIL_URL or EMAIL_HOST. Not refused: the
+    # manage.py commands that run without SECRET_KEY (migrate, diagnose, invite, which
+    # prints its link), and a process that only this machine can reach (ALLOWED_HOSTS and
+    # SITE_URL on loopback: a benchmark, a smoke test); `check --deploy` still fails there
+    # (diagnostic.E002).
+    if not DEBUG and keyless_command() is None and not serves_only_this_machine(ALLOWED_HOSTS, SITE_URL):
+        raise ImproperlyConfigured(
+            "EMAIL_URL is not set (nor EMAIL_HOST): with DEBUG off, password resets, invitations and "
+            "reports must reach people, not files under out/email; set EMAIL_URL=smtp+tls://user:password"
+            "@mail.example.com:587 (or the EMAIL_HOST settings), or DEBUG=1 for development")
 EMAIL_BACKEND: str = _email.pop("EMAIL_BACKEND")
 EMAIL_HOST: str = _email.get("EMAIL_HOST", "localhost")
 EMAIL_PORT: int = _email.get("EMAIL_PORT", 25)
@@ -319,10 +388,15 @@ if DIAG_HEARTBEAT_S >= DIAG_STAGE_LEASE_S or DIAG_HEARTBEAT_S >= DIAG_LAB_LEASE_
         f"{DIAG_STAGE_LEASE_S} and DIAG_LAB_LEASE_S={DIAG_LAB_LEASE_S}, or leases lapse while held"
     )
 
-# Staff dashboard. STAFF_REQUIRE_2FA makes every staff page ask for a TOTP code first
-# (django-otp; a consultant without a device enrols one on first login). The lab health
-# poll runs this often under Celery beat; the job pages refresh this often (ms).
-STAFF_REQUIRE_2FA = envbool("STAFF_REQUIRE_2FA", False)
+# Staff dashboard. STAFF_REQUIRE_2FA makes every staff page and the admin ask for a TOTP
+# code first (django-otp); on unless DEBUG is (`check --deploy` warns when it is off). A
+# consultant without a device enrols one only through a one-time link another member of
+# the staff group issues (/staff/2fa/links/) or `manage.py otp_enrol_link EMAIL` prints,
+# opened signed in as that account within STAFF_OTP_ENROL_LINK_HOURS; a password alone never
+# shows a secret (diagnostic.staff.enrolment). The lab health poll runs this often under
+# Celery beat; the job pages refresh this often (ms).
+STAFF_REQUIRE_2FA = envbool("STAFF_REQUIRE_2FA", not DEBUG)
+STAFF_OTP_ENROL_LINK_HOURS = envint("STAFF_OTP_ENROL_LINK_HOURS", 24, minimum=1, maximum=7 * 24)
 STAFF_LAB_HEALTH_INTERVAL_S = envint("STAFF_LAB_HEALTH_INTERVAL_S", 60, minimum=10)
 STAFF_POLL_MS = envint("STAFF_POLL_MS", 2000, minimum=1000, maximum=10000)
 OTP_TOTP_ISSUER = "Lab diagnostic staff"

@@ -1,12 +1,18 @@
 """Account URLs under /accounts/: Django's login, logout and password reset with our
-templates and email login form, and the invitation link."""
+templates and email login form (the reset throttled per address and per account), and the
+invitation link."""
 
 from __future__ import annotations
 
 from django.contrib.auth import views as auth
 from django.urls import path, reverse_lazy
 
-from diagnostic.accounts.views import EmailAuthenticationForm, accept_invite, landing
+from diagnostic.accounts.views import (
+    EmailAuthenticationForm,
+    ThrottledPasswordResetView,
+    accept_invite,
+    landing,
+)
 
 app_name = "accounts"
 
@@ -21,7 +27,7 @@ urlpatterns = [
     path("logout/", auth.LogoutView.as_view(), name="logout"),
     path(
         "password-reset/",
-        auth.PasswordResetView.as_view(success_url=reverse_lazy("accounts:password_reset_done")),
+        ThrottledPasswordResetView.as_view(success_url=reverse_lazy("accounts:password_reset_done")),
         name="password_reset",
     ),
     path("password-reset/sent/", auth.PasswordResetDoneView.as_view(), name="password_reset_done"),

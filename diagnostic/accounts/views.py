@@ -1,26 +1,30 @@
-"""Account pages beyond Django's own login/logout/reset: accepting an invitation (set a
-password for a new account, or, for an existing account, its signed-in owner confirms
-joining) and the page a locked-out login gets."""
+"""Account pages beyond Django's own login/logout: accepting an invitation (set a password
+for a new account, or, for an existing account, its signed-in owner confirms joining), the
+password reset by email with its throttle, and the page a locked-out login gets."""
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any
 
-from axes.helpers import get_cool_off
+from axes.helpers import get_cool_off, get_failure_limit
 from axes.models import AccessAttempt
 from django import forms
+from django.conf import settings
 from django.contrib.auth import login, password_validation
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import redirect_to_login
-from django.db.models import Q
+from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from diagnostic.accounts import backends
+from diagnostic.accounts.clientip import client_address
 from diagnostic.accounts.invitations import (
     AccountExists,
     InvitationUnusable,
@@ -30,6 +34,9 @@ from diagnostic.accounts.invitations import (
     join,
 )
 from diagnostic.accounts.models import Invitation
+from diagnostic.accounts.throttle import allow, retry_after_s
+
+log = logging.getLogger(__name__)
 
 
 class EmailAuthenticationForm(AuthenticationForm):
@@ -79,6 +86,30 @@ class SetPasswordForm(forms.Form):
             except forms.ValidationError as exc:
                 self.add_error("password1", exc)
         return data
+
+
+class ThrottledPasswordResetView(auth_views.PasswordResetView):
+    """Django's reset by email, counted per client address and per email address typed in a
+    small fixed window (PASSWORD_RESET_WINDOW_S): past either limit the page says to try
+    again later (429, Retry-After) and sends nothing. Unknown addresses count as known ones
+    do, so neither the answer nor the throttle tells whether an address has an account."""
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        window = settings.PASSWORD_RESET_WINDOW_S
+        address = client_address(self.request) or "unknown"
+        email = str(form.cleaned_data.get("email", "")).strip().lower()
+        by_address = allow("reset-address", address, limit=settings.PASSWORD_RESET_LIMIT_PER_ADDRESS,
+                           window_s=window)
+        if by_address and allow("reset-account", email, limit=settings.PASSWORD_RESET_LIMIT_PER_ACCOUNT,
+                                window_s=window):
+            response: HttpResponse = super().form_valid(form)
+            return response
+        wait_s = retry_after_s(window)
+        log.warning("password reset throttled", extra={"client": address})
+        context = self.get_context_data(form=form, throttled=True, retry_minutes=max(1, -(-wait_s // 60)))
+        throttled: HttpResponse = self.render_to_response(context, status=429)
+        throttled["Retry-After"] = str(wait_s)
+        return throttled
 
 
 @require_http_methods(["GET", "POST"])
@@ -146,17 +177,17 @@ def _join_existing(request: HttpRequest, token: str, invitation: Invitation, acc
 
 
 def unlocks_at(request: HttpRequest, username: str) -> dt.datetime | None:
-    """When the lockout of this account or address ends: the cool-off after the last failure."""
+    """When the lockout of this account from this address (or of the address) ends: the
+    cool-off after the last failure that counts towards it."""
     cool_off = get_cool_off(request)
     if not cool_off:
         return None
-    address = request.META.get("REMOTE_ADDR", "")
-    last = (
-        AccessAttempt.objects.filter(Q(username=username) | Q(ip_address=address))
-        .order_by("-attempt_time")
-        .values_list("attempt_time", flat=True)
-        .first()
-    )
+    address = client_address(request)
+    from_address = AccessAttempt.objects.filter(ip_address=address)
+    pair = from_address.filter(username=username)
+    pair_failures = pair.aggregate(total=Sum("failures_since_start"))["total"] or 0
+    locking = pair if pair_failures >= get_failure_limit(request, {"username": username}) else from_address
+    last = locking.order_by("-attempt_time").values_list("attempt_time", flat=True).first()
     return (last or timezone.now()) + cool_off
 
 

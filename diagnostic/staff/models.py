@@ -1,6 +1,8 @@
 """What the dashboard keeps of its own: each request to render a new report version, which
 a Celery worker carries out (diagnostic.staff.tasks.render_report_version) while the review
-page follows it: queued, being written, done (the version it made) or failed (why)."""
+page follows it: queued, being written, done (the version it made) or failed (why); and the
+one-time links through which a staff account enrols its authenticator
+(diagnostic.staff.enrolment)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import datetime as dt
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from diagnostic.jobs.models import DiagnosticJob
 
@@ -72,3 +75,31 @@ class ReportRender(models.Model):
         if self.started_at is None or self.finished_at is None:
             return None
         return (self.finished_at - self.started_at).total_seconds()
+
+
+class EnrolmentLink(models.Model):
+    """A one-time link for `user` to enrol a TOTP authenticator: issued by another member of
+    the staff group or by `manage.py otp_enrol_link` (issued_by empty), used once, before it
+    expires, by that account signed in. Only the SHA-256 of its token is kept."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    token_hash = models.CharField(max_length=64, unique=True)
+    issued_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                  on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    # The device the link's page offered (its secret shown to the account), confirmed by the
+    # first right code, which uses the link.
+    device = models.ForeignKey(TOTPDevice, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="+")
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return f"enrolment link for user {self.user_id}, issued {self.created_at:%Y-%m-%d %H:%M}"
+
+    @property
+    def is_usable(self) -> bool:
+        return self.used_at is None and timezone.now() < self.expires_at

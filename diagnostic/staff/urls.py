@@ -32,4 +32,7 @@ urlpatterns = [
     path("reports/<uuid:job_id>/money-back/<int:override_id>/revert/", review_views.money_back_revert,
          name="money-back-revert"),
     path("2fa/", otp_views.otp_verify, name="otp"),
+    # Enrolling an authenticator: a colleague's one-time link, and where the group issues them.
+    path("2fa/enrol/<str:token>/", otp_views.otp_enrol, name="otp-enrol"),
+    path("2fa/links/", otp_views.otp_links, name="otp-links"),
 ]

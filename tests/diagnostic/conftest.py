@@ -34,6 +34,18 @@ REFERENCE_CONFIG = REPO / "examples" / "configs" / "kimi-k2-8spark-outofbox.yaml
 REFERENCE_SCENARIO = REPO / "lab" / "scenarios" / "reference-kimi-k2-8spark.yaml"
 
 
+
+@pytest.fixture(autouse=True)
+def fresh_throttles() -> Iterator[None]:
+    """Each test starts with empty throttle counters (the password-reset throttle counts in
+    Django's cache, this process's memory here, which outlives a test's database)."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
 def _service_missing(reason: str) -> None:
     service_missing(reason)
 

@@ -148,5 +148,21 @@ def test_the_wsgi_app_refuses_a_process_that_loaded_the_settings_without_a_key(t
 
 def test_a_real_key_lets_the_web_app_load(tmp_path: Path) -> None:
     done = run(tmp_path, "--chdir", str(REPO), "--check-config", "diagnostic.wsgi", program=(str(GUNICORN),),
-               env=bare_env(tmp_path, SECRET_KEY=PRODUCTION_KEY))
+               env=bare_env(tmp_path, SECRET_KEY=PRODUCTION_KEY, EMAIL_URL="smtp://mail.lab-firm.net:25"))
     assert done.returncode == 0, done.stderr
+
+
+def test_the_web_app_refuses_to_start_where_its_email_would_go_to_files(tmp_path: Path) -> None:
+    """Issue 36: production without EMAIL_URL wrote reset and invitation links under
+    out/email, silently. The web app now stops, naming EMAIL_URL; the keyless commands
+    (invite prints its link) still run."""
+    done = run(tmp_path, "--chdir", str(REPO), "--check-config", "diagnostic.wsgi", program=(str(GUNICORN),),
+               env=bare_env(tmp_path, SECRET_KEY=PRODUCTION_KEY, ALLOWED_HOSTS="portal.lab-firm.net",
+                            SITE_URL="https://portal.lab-firm.net"))
+    assert done.returncode != 0
+    assert "EMAIL_URL is not set (nor EMAIL_HOST)" in done.stderr
+    assert not (tmp_path / "out" / "email").exists()
+    served = run(tmp_path, "runserver", "--noreload",
+                 env=bare_env(tmp_path, SECRET_KEY=PRODUCTION_KEY, ALLOWED_HOSTS="portal.lab-firm.net"))
+    assert served.returncode == 1
+    assert one_line(served).startswith("manage.py runserver: EMAIL_URL is not set (nor EMAIL_HOST)")

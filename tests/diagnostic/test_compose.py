@@ -128,7 +128,8 @@ def test_the_app_runs_as_production_with_https_only_cookies(compose: dict[str, A
 
 def test_the_settings_compose_gives_pass_check_deploy(compose: dict[str, Any], tmp_path: Path) -> None:
     dot_env = {"SECRET_KEY": "Zt8-qL3v_Xw9NcR2yB7mKdH5sJ1gA4uE6fV0oPiT-lQ8rWz_YxCnMeBhGaSdFjKoU",
-               "POSTGRES_PASSWORD": "Hq2_Vn8-Lw4xTz7KbRm1", "DEFAULT_FROM_EMAIL": "diagnostic@lab-firm.net"}
+               "POSTGRES_PASSWORD": "Hq2_Vn8-Lw4xTz7KbRm1", "DEFAULT_FROM_EMAIL": "diagnostic@lab-firm.net",
+               "EMAIL_URL": "smtp+tls://diagnostic:Mq7_Ws2-Pz@mail.lab-firm.net:587"}
     env = {k: interpolate(v, dot_env) for k, v in app_environment(compose, "web").items()}
     assert env["DATABASE_URL"] == "postgres://diagnostic:Hq2_Vn8-Lw4xTz7KbRm1@postgres:5432/diagnostic"
     # DJANGO_ALLOW_ASYNC_UNSAFE: set for the browser tier in this process; never in a deployment.
@@ -158,8 +159,30 @@ def test_the_sender_address_is_required_and_a_localhost_one_fails_check_deploy(
         [sys.executable, "manage.py", "check", "--deploy"],
         cwd=REPO, env={**base, "DEBUG": "0",
                        "SECRET_KEY": "Zt8-qL3v_Xw9NcR2yB7mKdH5sJ1gA4uE6fV0oPiT-lQ8rWz_YxCnMeBhGaSdFjKoU",
-                       "DEFAULT_FROM_EMAIL": "diagnostic@localhost", "DIAG_OUT_DIR": str(tmp_path / "out")},
+                       "DEFAULT_FROM_EMAIL": "diagnostic@localhost", "DIAG_OUT_DIR": str(tmp_path / "out"),
+                       "EMAIL_URL": "smtp://mail.lab-firm.net:25"},
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode != 0
     assert "diagnostic.E001" in done.stderr and "DEFAULT_FROM_EMAIL: 'diagnostic@localhost'" in done.stderr
+
+
+def test_the_mail_server_is_required_and_behind_the_proxy_logins_count_per_client(
+        compose: dict[str, Any]) -> None:
+    """Issue 36: compose started with no mail server (its email went to files), and every
+    client behind the TLS proxy shared the proxy's address for the login lockouts. Now
+    EMAIL_URL is required, the app is told of its one proxy (AXES_IPWARE_PROXY_COUNT=1),
+    the header tells the proxy to set X-Forwarded-For, and the throttles share Redis."""
+    header = COMPOSE_FILE.read_text().split("\nx-app-env", 1)[0]
+    assert "EMAIL_URL=" in header
+    assert "X-Forwarded-For" in header and "AXES_IPWARE_PROXY_COUNT=1" in header
+    assert "otp_enrol_link" in header
+    for service in ("web", "worker", "beat", "migrate", "labsim"):
+        env = app_environment(compose, service)
+        with pytest.raises(LookupError, match=r"EMAIL_URL: set EMAIL_URL in \.env"):
+            interpolate(env["EMAIL_URL"], {})
+        assert env["AXES_IPWARE_PROXY_COUNT"] == "1"
+        assert env["CACHE_URL"].startswith("redis://redis:6379/")
+        assert env["CACHE_URL"] != env["CELERY_BROKER_URL"]
+        # The second factor is left to the settings' default (on with DEBUG off).
+        assert "STAFF_REQUIRE_2FA" not in env

@@ -29,7 +29,8 @@ PROBE = (
 # A key as the docker-compose header makes one (secrets.token_urlsafe(50)), fixed here.
 PRODUCTION_KEY = "kQ3v-9zJ_pX7wLr2NcT8bY5mHdG1sAeF4uV6oKiZ0qWjRtEyUxCnBlMgPhSaDfIo"
 
-CLEARED = ("DATABASE_URL", "CELERY_BROKER_URL", "EMAIL_URL", "EMAIL_HOST", "SECRET_KEY", "DEBUG", "DIAG_DB")
+CLEARED = ("DATABASE_URL", "CELERY_BROKER_URL", "EMAIL_URL", "EMAIL_HOST", "SECRET_KEY", "DEBUG", "DIAG_DB",
+           "ALLOWED_HOSTS", "SITE_URL", "STAFF_REQUIRE_2FA", "CACHE_URL", "AXES_IPWARE_PROXY_COUNT")
 
 
 def load_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -97,7 +98,7 @@ def test_a_weak_secret_key_is_refused_when_debug_is_off(tmp_path: Path, key: str
 
 
 def test_a_real_key_starts_production_with_https_only_cookies_and_hsts(tmp_path: Path) -> None:
-    done = load_settings(tmp_path, SECRET_KEY=PRODUCTION_KEY)
+    done = load_settings(tmp_path, SECRET_KEY=PRODUCTION_KEY, EMAIL_URL="smtp://mail.lab-firm.net:25")
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["debug"] is False
@@ -110,6 +111,75 @@ def test_debug_on_needs_no_key_and_drops_the_https_only_settings(tmp_path: Path)
     seen = json.loads(done.stdout)
     assert seen["debug"] is True
     assert seen["secure"] == [False, False, False, 0, False]
+
+
+SECURITY_PROBE = (
+    "import json, diagnostic.settings as s; print(json.dumps({"
+    "'email': s.EMAIL_BACKEND, '2fa': s.STAFF_REQUIRE_2FA, 'cache': s.CACHES['default']['BACKEND'], "
+    "'proxies': s.AXES_IPWARE_PROXY_COUNT, 'uploads': s.FILE_UPLOAD_HANDLERS}))"
+)
+
+
+def security_settings(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    base["DIAG_OUT_DIR"] = str(tmp_path / "out")
+    return subprocess.run(
+        [sys.executable, "-c", SECURITY_PROBE], cwd=REPO, env={**base, **env},
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def test_production_refuses_to_start_with_its_email_going_to_files(tmp_path: Path) -> None:
+    """Issue 36: with DEBUG off and no EMAIL_URL, reset and invitation links were written
+    under out/email, silently. Now the process stops, naming EMAIL_URL."""
+    public = {"SECRET_KEY": PRODUCTION_KEY, "ALLOWED_HOSTS": "portal.lab-firm.net",
+              "SITE_URL": "https://portal.lab-firm.net"}
+    for env in ({"SECRET_KEY": PRODUCTION_KEY}, public):
+        done = security_settings(tmp_path, **env)
+        assert done.returncode != 0
+        last = done.stderr.strip().splitlines()[-1]
+        assert "EMAIL_URL is not set (nor EMAIL_HOST)" in last and "DEBUG=1" in last
+    assert not (tmp_path / "out" / "email").exists()
+    for mail in ({"EMAIL_URL": "smtp+tls://u:p@mail.lab-firm.net:587"}, {"EMAIL_HOST": "mail.lab-firm.net"}):
+        done = security_settings(tmp_path, **public, **mail)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["email"] == "django.core.mail.backends.smtp.EmailBackend"
+    # Development keeps its files; so does a process only this machine can reach (the
+    # portal benchmark: ALLOWED_HOSTS and SITE_URL on loopback), where check --deploy fails.
+    development = json.loads(security_settings(tmp_path, DEBUG="1").stdout)
+    assert development["email"].endswith("filebased.EmailBackend")
+    local = security_settings(tmp_path, SECRET_KEY=PRODUCTION_KEY, ALLOWED_HOSTS="127.0.0.1")
+    assert local.returncode == 0, local.stderr
+    assert json.loads(local.stdout)["email"].endswith("filebased.EmailBackend")
+    refused = security_settings(tmp_path, SECRET_KEY=PRODUCTION_KEY, ALLOWED_HOSTS="127.0.0.1",
+                                SITE_URL="https://portal.lab-firm.net")
+    assert refused.returncode != 0 and "EMAIL_URL is not set" in refused.stderr
+
+
+def test_the_second_factor_is_on_unless_debug_is(tmp_path: Path) -> None:
+    """Issue 36: STAFF_REQUIRE_2FA was off by default. Now it is on whenever DEBUG is
+    off; the environment can still say either explicitly."""
+    production = {"SECRET_KEY": PRODUCTION_KEY, "EMAIL_URL": "smtp://mail.lab-firm.net:25"}
+    assert json.loads(security_settings(tmp_path, **production).stdout)["2fa"] is True
+    assert json.loads(security_settings(tmp_path, DEBUG="1").stdout)["2fa"] is False
+    assert json.loads(security_settings(tmp_path, DEBUG="1", STAFF_REQUIRE_2FA="1").stdout)["2fa"] is True
+    off = security_settings(tmp_path, **production, STAFF_REQUIRE_2FA="false")
+    assert json.loads(off.stdout)["2fa"] is False
+
+
+def test_the_throttles_cache_and_the_proxy_count_come_from_the_environment(tmp_path: Path) -> None:
+    seen = json.loads(security_settings(tmp_path, DEBUG="1").stdout)
+    assert seen["cache"] == "django.core.cache.backends.locmem.LocMemCache"
+    assert seen["proxies"] == 0
+    assert seen["uploads"] == ["diagnostic.portal.uploads.BoundedUploadHandler"]
+    seen = json.loads(security_settings(tmp_path, DEBUG="1", CACHE_URL="redis://127.0.0.1:6379/1",
+                                        AXES_IPWARE_PROXY_COUNT="1").stdout)
+    assert seen["cache"] == "django.core.cache.backends.redis.RedisCache" and seen["proxies"] == 1
+    bad = security_settings(tmp_path, DEBUG="1", CACHE_URL="memcached://127.0.0.1:11211")
+    assert bad.returncode != 0 and "CACHE_URL has the scheme 'memcached'" in bad.stderr
+    bad = security_settings(tmp_path, DEBUG="1", AXES_FAILURE_LIMIT="5", AXES_ADDRESS_FAILURE_LIMIT="3")
+    assert bad.returncode != 0
+    assert "AXES_ADDRESS_FAILURE_LIMIT=3 must be at least AXES_FAILURE_LIMIT=5" in bad.stderr
 
 
 def test_it_refuses_a_debug_value_that_is_not_a_boolean(tmp_path: Path) -> None:

@@ -30,6 +30,8 @@ def production_env(tmp_path: Path) -> dict[str, str]:
         SECRET_KEY="x" * 64 + "-production-probe-key",
         ALLOWED_HOSTS="portal.example.com",
         DEFAULT_FROM_EMAIL="diagnostic@portal-firm.net",
+        EMAIL_URL="smtp+tls://diagnostic:mail-pass@mail.portal-firm.net:587",
+        CACHE_URL="redis://127.0.0.1:6379/1",
         DIAG_OUT_DIR=str(tmp_path / "out"),
     )
     return env

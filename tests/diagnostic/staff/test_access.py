@@ -123,23 +123,32 @@ def test_two_factor_when_required(cast: Cast, settings: Any, db: None) -> None:
     from django_otp.oath import totp
     from django_otp.plugins.otp_totp.models import TOTPDevice
 
+    from diagnostic.staff.enrolment import issue
+
     settings.STAFF_REQUIRE_2FA = True
     client = cast.client("staff")
     first = client.get("/staff/")
     assert first.status_code == 302 and first["Location"].startswith("/staff/2fa/")
-    enrol = client.get("/staff/2fa/?next=/staff/lab/")
+    # No authenticator and no link: the page says to ask for one, and offers no secret.
+    ask = client.get("/staff/2fa/?next=/staff/lab/")
+    assert ask.status_code == 200 and b"Ask for an enrolment link" in ask.content
+    assert not TOTPDevice.objects.filter(user=cast.staff).exists()
+    _, url = issue(user=cast.staff)
+    link = url.removeprefix(settings.SITE_URL.rstrip("/"))
+    enrol = client.get(f"{link}?next=/staff/lab/")
     assert enrol.status_code == 200 and b"Set up your authenticator" in enrol.content
     device = TOTPDevice.objects.get(user=cast.staff)
-    assert client.post("/staff/2fa/", {"token": "000000", "next": "/staff/lab/"}).status_code == 400
+    assert client.post(link, {"token": "000000", "next": "/staff/lab/"}).status_code == 400
     device.refresh_from_db()
     device.throttling_failure_count = 0
     device.throttling_failure_timestamp = None
     device.save()
     code = totp(device.bin_key, step=device.step, t0=device.t0, digits=device.digits)
-    verified = client.post("/staff/2fa/", {"token": f"{code:06d}", "next": "/staff/lab/"})
+    verified = client.post(link, {"token": f"{code:06d}", "next": "/staff/lab/"})
     assert verified.status_code == 302 and verified["Location"] == "/staff/lab/"
     assert client.get("/staff/").status_code == 200
     # Customers are not offered a device.
     assert cast.client("alice").get("/staff/").status_code == 404
     assert cast.client("alice").get("/staff/2fa/").status_code == 404
+    assert cast.client("alice").get(link).status_code == 404
     assert not TOTPDevice.objects.filter(user=cast.alice).exists()

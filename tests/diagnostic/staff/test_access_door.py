@@ -40,9 +40,11 @@ PASSWORD = "a long enough passphrase 42"
 LOOK = {"jobs", "job", "stage-log", "lab", "report", "job-rows", "job-timeline", "lab-sections",
         "version-page", "render-status"}
 ANY_STAFF_POST = {"lab-refresh"}  # asks the lab for a health poll now: every staff member
-GROUP = {"job-action", "finding-edit", "render"}  # changes what a customer receives
+GROUP = {"job-action", "finding-edit", "render", "otp-links"}  # changes what a customer receives, or who
+# may enrol an authenticator
 PERMISSION = {"approve", "approve-confirm", "money-back", "money-back-revert"}  # the group's permissions
 DOOR = {"otp"}  # the second factor's own page
+ENROL = {"otp-enrol"}  # a one-time enrolment link: its own account, signed in (a made-up one: 410)
 POST_ONLY = ANY_STAFF_POST | {"finding-edit", "render"} | (PERMISSION - {"approve-confirm"})
 
 
@@ -124,7 +126,7 @@ def to_second_factor(response: Any) -> bool:
 
 def test_every_staff_url_says_who_may_use_it() -> None:
     named = {p.name for p in staff_urls.urlpatterns if isinstance(p, URLPattern)}
-    assert named == LOOK | ANY_STAFF_POST | GROUP | PERMISSION | DOOR
+    assert named == LOOK | ANY_STAFF_POST | GROUP | PERMISSION | DOOR | ENROL
     assert not any(isinstance(p, URLResolver) for p in staff_urls.urlpatterns)
 
 
@@ -154,6 +156,8 @@ def test_every_staff_and_admin_url_as_the_cast(cast: Cast, finished: DiagnosticJ
             assert (look_only, member) == (200, 200), path
         elif name in ANY_STAFF_POST:
             assert (look_only, member) == (405, 405), path
+        elif name in ENROL:
+            assert (look_only, member) == (410, 410), path
         elif name in GROUP | PERMISSION:
             assert (look_only, member) == (403, 405 if name in POST_ONLY else 200), path
     assert superuser.get("/admin/").status_code == 200
@@ -182,10 +186,14 @@ def test_with_2fa_no_staff_or_admin_url_without_a_verified_device(
                 answer = getattr(client, method)(path, data)
                 if path == "/staff/2fa/":
                     assert answer.status_code in (200, 400), (user.username, method, path)
+                    assert b"otp-secret" not in answer.content
+                    continue
+                if path.startswith("/staff/2fa/enrol/"):  # a link nobody issued
+                    assert answer.status_code == 410, (user.username, method, path)
                     continue
                 assert to_second_factor(answer), (user.username, method, path, answer.status_code)
-        assert not TOTPDevice.objects.filter(confirmed=True).exists()
-        TOTPDevice.objects.all().delete()  # the enrolment /staff/2fa/ offered
+        # A password alone neither enrols nor is offered a device.
+        assert not TOTPDevice.objects.exists()
     assert list(users.all()) == users_before
     # Through the second factor, the same superuser is in.
     client = logged_in(root)

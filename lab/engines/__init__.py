@@ -136,13 +136,14 @@ def normalize_config(data: Mapping[str, Any], *, catalog: Catalog | None = None)
     fields; it is parsed by the engine it starts, in the version given beside it
     (`engine.version`, else the engine's default), and `cluster`, `workloads` and
     `reported` may sit beside it. `engine.version` must be a modelled release; the FP4
-    backends, loaders and `extra_args` are checked against that release's flags
-    (`extra_args` may hold any flag the release has that no field carries, except those
-    that point the engine at code, files or the network). Then the lab's admission
-    (lab.engines.admission) against `catalog` (None: lab.catalog.load_catalog()): the
-    model, its draft and whatever a pass-through flag loads must be in the lab's catalog.
-    Normalizing a normalized config returns it unchanged. Raises ConfigError naming the
-    field.
+    backends and loaders are checked against that release's flags, and `extra_args` holds
+    only what the release's reviewed list lets a configuration pass (lab.flag_policy),
+    stored as the list spells it, with the combinations the release refuses at start
+    refused (lab.engines.startup). Then the lab's admission (lab.engines.admission)
+    against `catalog` (None: lab.catalog.load_catalog()): the model, its draft and
+    whatever a listed flag loads must be in the lab's catalog, judged on the command as
+    the lab launches it. Normalizing a normalized config returns it unchanged. Raises
+    ConfigError naming the field.
     """
     return _normalize(data, catalog=catalog, admitting=True)
 

@@ -168,6 +168,21 @@ def test_a_node_without_gpu_holds_the_day(make_job: MakeJob) -> None:
     assert (job.fault["what"], job.fault["nodes"]) == ("gpu_missing", ["spark-07"])
 
 
+def test_a_node_that_would_run_engines_as_root_holds_the_day(make_job: MakeJob) -> None:
+    # The agent refuses such a launch; preflight says so before any start is tried.
+    def as_root(f: dict[str, Any]) -> None:
+        f["engine_user"] = {"name": "root", "uid": 0, "problem": "launch: engine_user 'root' in "
+                            "/etc/gb10-diag/agent.json is root; engines run customers' configurations "
+                            "and never as root: name an unprivileged service user (useradd --system diag)"}
+
+    job = run_preflight(make_job, FactsSession(lab_facts(spark_03=as_root)))
+    assert codes(job) == []
+    assert job.status == "held"
+    assert (job.fault["what"], job.fault["nodes"]) == ("engine_user", ["spark-03"])
+    [condition] = job.fault["evidence"]["conditions"]
+    assert "would run engines as 'root'" in condition["summary"], condition
+
+
 def test_memory_held_by_something_else_is_kept_from_meminfo(make_job: MakeJob) -> None:
     def busy(f: dict[str, Any]) -> None:
         f["mem_available_kib"] = 40_000_000

@@ -149,6 +149,16 @@ def test_launch_reads_the_spec_file_and_refuses_a_second_engine(sim_lab: SimLab)
     status, answer = agent(node, "launch", "--spec", "/var/lib/diag/launch/env.json")
     assert answer["error"]["code"] == "invalid_spec"
     assert answer["error"]["message"].startswith("spec.env.LD_PRELOAD:")
+    # ... and so do a flag off the release's list, another program, a log outside the work dir.
+    for name, change, field in (
+            ("hooks", {"argv": [*spec["argv"], "--worker-extension-cls", "evil.W"]},
+             f"spec.argv[{len(spec['argv'])}]: '--worker-extension-cls' is not a flag"),
+            ("shell", {"argv": ["/bin/sh", "-c", "id"]}, "spec.argv[0]:"),
+            ("log", {"log_file": "/etc/cron.d/x"}, "spec.log_file:")):
+        node.host_path(f"/var/lib/diag/launch/{name}.json").write_text(json.dumps({**spec, **change}))
+        status, answer = agent(node, "launch", "--spec", f"/var/lib/diag/launch/{name}.json")
+        assert answer["error"]["code"] == "invalid_spec"
+        assert answer["error"]["message"].startswith(field), answer["error"]["message"]
 
 
 def test_telemetry_is_sampled_each_lab_second_only_while_the_sampler_runs(sim_lab: SimLab) -> None:

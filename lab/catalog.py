@@ -155,6 +155,9 @@ class Catalog:
     models: tuple[CatalogModel, ...]
     # The file it was read from (None when built from data).
     source: Path | None = None
+    # How many nodes the lab has (its inventory's, or its scenario's for a simulated lab),
+    # when the catalog was read for a known lab: admission refuses a layout needing more.
+    lab_nodes: int | None = None
 
     def model(self, name: str) -> CatalogModel | None:
         return next((m for m in self.models if m.named(name)), None)
@@ -213,8 +216,11 @@ class Catalog:
             if m.profile is not None:
                 entry["profile"] = m.profile.as_dict()
             models.append(entry)
-        return {"schema": SCHEMA, "version": self.version, "models_dir": self.models_dir,
-                "models": models}
+        data: dict[str, Any] = {"schema": SCHEMA, "version": self.version,
+                                "models_dir": self.models_dir, "models": models}
+        if self.lab_nodes is not None:
+            data["lab_nodes"] = self.lab_nodes
+        return data
 
 
 class _Reader:
@@ -332,9 +338,14 @@ def parse_catalog(data: Any, *, source: Path | None = None) -> Catalog:
     reader = _Reader(f"catalog {source}" if source is not None else "catalog")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise CatalogError(f"{reader.name}: schema must be {SCHEMA}")
-    unknown = sorted(str(k) for k in data if k not in ("schema", "version", "models_dir", "models"))
+    fields = ("schema", "version", "models_dir", "models", "lab_nodes")
+    unknown = sorted(str(k) for k in data if k not in fields)
     if unknown:
-        raise reader.fail(unknown[0], "is not a field; accepted: schema, version, models_dir, models")
+        raise reader.fail(unknown[0], f"is not a field; accepted: {', '.join(fields)}")
+    lab_nodes = data.get("lab_nodes")
+    if lab_nodes is not None and (isinstance(lab_nodes, bool) or not isinstance(lab_nodes, int)
+                                  or lab_nodes < 1):
+        raise reader.fail("lab_nodes", "must be a whole number of nodes, at least 1")
     version = reader.text(data.get("version"), "version")
     models_dir = reader.path(data.get("models_dir"), "models_dir")
     raw_models = data.get("models") or []
@@ -348,7 +359,7 @@ def parse_catalog(data: Any, *, source: Path | None = None) -> Catalog:
         if twin is not None:
             raise reader.fail(f"models[{i}] ({model.id})",
                               f"names the same model as {twin.describe()}; list each model once")
-    return Catalog(version, models_dir, tuple(models), source)
+    return Catalog(version, models_dir, tuple(models), source, lab_nodes)
 
 
 @lru_cache(maxsize=32)

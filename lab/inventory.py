@@ -9,6 +9,7 @@ would be accepted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,9 +96,11 @@ class Inventory:
                 "(lab.catalog/1: the models in its models directory) beside its inventory and "
                 "names it there, e.g. `catalog: catalog.yaml` (see examples/lab/)")
         try:
-            return load_catalog(self.catalog_file)
+            catalog = load_catalog(self.catalog_file)
         except CatalogError as exc:
             raise InventoryError(f"catalog: {exc}") from exc
+        # Read for this lab: a layout needing more nodes than it has is refused at admission.
+        return dataclasses.replace(catalog, lab_nodes=len(self.nodes))
 
     @property
     def head(self) -> Node:

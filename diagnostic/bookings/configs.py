@@ -19,6 +19,7 @@ configuration ever holds it. The lab runs the engine with a key of its own for t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -64,6 +65,18 @@ SIM_CATALOG_TIMEOUT_S = 60
 
 
 def lab_catalog(lab: Lab) -> Catalog:
+    """The catalog of `lab` (_lab_catalog) with the lab's node count where the catalog was
+    read without one (a real lab's mirrored nodes): admission refuses a layout the lab
+    cannot run (lab.engines.admission)."""
+    catalog = _lab_catalog(lab)
+    if catalog.lab_nodes is None:
+        nodes = lab.node_count()
+        if nodes:
+            catalog = dataclasses.replace(catalog, lab_nodes=nodes)
+    return catalog
+
+
+def _lab_catalog(lab: Lab) -> Catalog:
     """The catalog of `lab`: the one its inventory names (lab.inventory). A simulated lab
     that is not serving has no inventory yet: its catalog is the one it will write for its
     scenario's model (`python -m lab sim catalog`), which is what the lab holds. Raises

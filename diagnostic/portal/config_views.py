@@ -156,20 +156,6 @@ def _masked_values(values: dict[str, str], submission: Submission, catalog: Cata
     return masked
 
 
-def _fits_the_lab(submission: Submission, booking: Booking) -> None:
-    """A layout needing more nodes than the booked lab has is refused at intake, beside the
-    parallel layout (a day it could not run would be the customer's configuration)."""
-    parallel = submission.normalized["parallel"]
-    needed = int(parallel["tp"]) * int(parallel["pp"])
-    has = booking.lab_day.lab.node_count()
-    if has is not None and needed > has:
-        field = input_name("parallel.tp") if submission.source == Source.FORM else (
-            "yaml_text" if submission.source == Source.YAML else "command")
-        raise SubmissionError({field: [
-            f"parallel: tp {parallel['tp']} x pp {parallel['pp']} needs {needed} nodes, and the lab "
-            f"you booked has {has}; accepted: a layout of at most {has} nodes (tp x pp <= {has})"]})
-
-
 def _open_job(booking: Booking) -> Any:
     return booking.jobs.exclude(status="cancelled").order_by("-created_at").first()
 
@@ -197,7 +183,6 @@ def booking_config(request: HttpRequest, booking_id: str) -> HttpResponse:
     try:
         catalog = booked_catalog(booking.lab_day.lab)
         submission = _submission(request, values, catalog)
-        _fits_the_lab(submission, booking)
     except SubmissionError as exc:
         return _page(request, booking, values, exc.errors, status=400)
     if action == "confirm":

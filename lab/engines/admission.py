@@ -133,6 +133,25 @@ def _reviewed_draft(config: Mapping[str, Any], model: CatalogModel) -> None:
                           "code: its catalog entry needs remote_code: true")
 
 
+def _fits_the_lab(config: Mapping[str, Any], catalog: Catalog) -> None:
+    """A layout the lab cannot run is refused before a day is spent on it: tp × pp ranks
+    are one node each (the engines' multi-node launch), and a cluster larger than the lab
+    cannot be reproduced node for node."""
+    nodes = catalog.lab_nodes
+    if nodes is None:
+        return
+    tp, pp = config["parallel"]["tp"], config["parallel"]["pp"]
+    if tp * pp > nodes:
+        raise ConfigError("parallel.tp", f"tp {tp} x pp {pp} needs {tp * pp} nodes (one rank on "
+                                         f"each), and this lab has {nodes}; accepted: a layout of at "
+                                         f"most {nodes} nodes (tp x pp <= {nodes})")
+    cluster = config["cluster"]["nodes"]
+    if cluster > nodes:
+        raise ConfigError("cluster.nodes", f"{cluster} nodes: this lab has {nodes}, so a cluster of "
+                                           f"{cluster} cannot be reproduced node for node; give the "
+                                           f"nodes your layout runs on (tp × pp = {tp * pp})")
+
+
 def remote_code_on(config: Mapping[str, Any], engine: Engine, model: CatalogModel) -> bool:
     """Whether the command the lab launches for `config` runs remote code: the customer's
     --trust-remote-code, or the lab's, which as_launched adds for a model the catalog marks
@@ -154,6 +173,7 @@ def admit(config: Mapping[str, Any], engine: Engine, catalog: Catalog) -> None:
     --trust-remote-code included) and on every folder it loads."""
     model = served_model(config, catalog)
     _draft(config, model)
+    _fits_the_lab(config, catalog)
     parser = engine.parser(config["engine"]["version"])
     given = parser.parse(config["extra_args"], partial=True).given
     loaded = [(g, engine.loads(parser, g.option)) for g in given]

@@ -145,7 +145,7 @@ def scenario_catalog(scenario: Scenario) -> Catalog:
     digest = hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:12]
     return parse_catalog({"schema": CATALOG_SCHEMA, "version": f"sim-{digest}",
                           "models_dir": posixpath.dirname(identity["path"]) or MODELS_DIR,
-                          "models": [entry]})
+                          "models": [entry], "lab_nodes": len(scenario.node_names)})
 
 
 def model_config(model: dict[str, Any]) -> dict[str, Any]:

@@ -82,7 +82,7 @@ def test_a_real_labs_catalog_is_the_one_its_inventory_names(tmp_path: Path, db: 
     inventory: dict[str, Any] = {
         "schema": "lab.inventory/1", "name": "two-models", "catalog": "catalog.yaml",
         "nodes": [{"name": f"spark-0{i}", "host": f"10.0.0.{i}", "role": "head" if i == 1 else "worker"}
-                  for i in range(1, 5)]}
+                  for i in range(1, 9)]}
     (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "catalog.yaml").write_text(yaml.safe_dump({
         "schema": "lab.catalog/1", "version": "3", "models_dir": "/models", "models": [
@@ -98,6 +98,14 @@ def test_a_real_labs_catalog_is_the_one_its_inventory_names(tmp_path: Path, db: 
     with pytest.raises(ValidationError) as no_draft:
         submit_configuration(raw_text=REFERENCE_CONFIG.read_text(), source="yaml", lab=real)
     assert "speculative.draft_model" in messages(no_draft)
+    # A layout the lab's nodes cannot hold is refused at intake, before a day is spent on it.
+    for field, value, says in (("parallel", {"tp": 8, "pp": 2, "expert_parallel": True},
+                                "needs 16 nodes (one rank on each), and this lab has 8"),
+                               ("cluster", {"nodes": 12}, "12 nodes: this lab has 8")):
+        with pytest.raises(ValidationError) as too_big:
+            bigger = {**kimi, field: value, "cluster": {"nodes": 16} if field == "parallel" else value}
+            submit_configuration(raw_text=yaml.safe_dump(bigger), source="yaml", lab=real)
+        assert says in messages(too_big)
     # An inventory that names no catalog admits nothing: no lab stands in for another.
     del inventory["catalog"]
     (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inventory))

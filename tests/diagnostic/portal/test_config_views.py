@@ -235,5 +235,5 @@ def test_a_layout_bigger_than_the_booked_lab_is_refused_at_intake(
     for action in ("preview", "confirm"):
         response = post(cast, booking, {**data, "action": action})
         assert response.status_code == 400, action
-        assert "needs 16 nodes, and the lab you booked has 8" in response.content.decode()
+        assert "needs 16 nodes (one rank on each), and this lab has 8" in response.content.decode()
     assert DiagnosticJob.objects.count() == 0 and started == []

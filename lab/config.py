@@ -65,6 +65,9 @@ REQUIREMENT_FIELDS = ("max_context",)
 
 # The lab places JIT caches itself (serving.jit_cache); these names may not be set by hand.
 JIT_CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")
+# The variable the lab sets on each vLLM rank of a multi-node launch: its own data address
+# (lab/env_policy.yaml `platform`); a launch's env read back drops it like the above.
+HOST_IP_ENV = "VLLM_HOST_IP"
 
 MAX_TP = 64
 MAX_PP = 64

@@ -34,7 +34,7 @@ from lab.agent.agent import (
 
 SCHEMA = "lab.env-policy/1"
 POLICY_PATH = Path(__file__).with_name("env_policy.yaml")
-RULES = ("interface", "number", "choice", "bool", "path-in-cache", "secret")
+RULES = ("interface", "number", "choice", "bool", "path-in-cache", "secret", "address")
 _RULE_KEYS = {
     "interface": {"ports"},
     "number": {"type", "min", "max"},
@@ -42,6 +42,7 @@ _RULE_KEYS = {
     "bool": set(),
     "path-in-cache": set(),
     "secret": set(),
+    "address": set(),
 }
 
 __all__ = ["env_rule_text", "env_value_problem", "spec_env_problem"]

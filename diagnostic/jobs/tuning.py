@@ -92,6 +92,11 @@ def command_text(config: dict[str, Any], *, catalog: Catalog | None = None) -> s
     if len(specs) > 1:
         lines.append("# Workers run the same with --node-rank 1..N-1 (vLLM adds --headless); replace "
                      f"{HEAD_ADDRESS} with the head node's data-network address.")
+        if "VLLM_HOST_IP" in spec["env"]:
+            lines.append("# VLLM_HOST_IP is each node's own data-network address (the head's here; "
+                         "each worker sets its own): vLLM's head binds its broadcast queue there, and "
+                         "without it on the default-route interface (or 0.0.0.0, where no route is "
+                         "set, which hangs the start).")
     env = spec["env"]
     if any(k.startswith("NCCL_") for k in env):
         lines.append("# The NCCL interface names are our lab's; use your nodes' own management NIC and "

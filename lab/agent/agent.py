@@ -908,6 +908,8 @@ def env_rule_text(rule: dict[str, Any], cache_dir: str | None = None) -> str:
         return f"takes an absolute path inside the node's cache volume{where}, without '..'"
     if kind == "secret":
         return "takes one line of printable text"
+    if kind == "address":
+        return "takes an IP address"
     return f"has a rule this agent does not know ({kind!r}); it is refused"
 
 
@@ -966,6 +968,12 @@ def env_value_problem(value: str, rule: dict[str, Any], cache_dir: str | None = 
         ok = _in_cache(value, cache_dir)
     elif kind == "secret":
         ok = True  # any one line (an empty key turns authentication off)
+    elif kind == "address":
+        try:
+            ipaddress.ip_address(value)
+            ok = True
+        except ValueError:
+            ok = False
     return None if ok else env_rule_text(rule, cache_dir)
 
 
@@ -1291,6 +1299,23 @@ def paths_problem(cwd: Any, log_file: Any, base: str) -> tuple[str, str] | None:
     return None
 
 
+def own_addresses() -> set[str]:
+    """The IPv4 addresses this node's interfaces hold (loopback included)."""
+    found = {"127.0.0.1"}
+    for addresses in ipv4_addresses(ipv4_routes()).values():
+        found.update(a.split("/")[0] for a in addresses)
+    return found
+
+
+def not_own_address(env: dict[str, str], allowed: dict[str, Any], own: set[str]) -> str | None:
+    """An address variable (VLLM_HOST_IP) naming an address this node does not hold: None
+    when there is none."""
+    for name in sorted(env):
+        if (allowed.get(name) or {}).get("rule") == "address" and env[name] not in own:
+            return name
+    return None
+
+
 def node_config() -> dict[str, Any]:
     """The operator's settings (NODE_CONFIG) over the defaults; a missing file is the
     defaults, a malformed one refuses the launch rather than guess."""
@@ -1495,6 +1520,10 @@ def load_spec(path: str, base: str, config: dict[str, Any] | None = None
     if outside is not None:
         raise AgentError("invalid_spec", f"spec.env.{outside}: {env[outside]!r} resolves (through a "
                          f"symbolic link) outside the node's cache volume {config['cache_dir']}")
+    foreign = not_own_address(env, allowed or {}, own_addresses()) if env else None
+    if foreign is not None:
+        raise AgentError("invalid_spec", f"spec.env.{foreign}: {env[foreign]!r} is not an address "
+                         "of this node; each rank names its own")
     cwd = os.path.normpath(os.path.join(base, spec.get("cwd", ".")))
     log_file = os.path.normpath(os.path.join(base, spec["log_file"]))
     if not os.path.isdir(cwd):

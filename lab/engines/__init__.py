@@ -48,6 +48,7 @@ from lab.engines.base import (
     EngineArgError,
     LaunchInfo,
     ParsedLaunch,
+    host_ip_env,
     jit_cache_env,
     launch_spec,
     launch_view,
@@ -273,7 +274,8 @@ def render(config: Mapping[str, Any], nodes: Sequence[Node], *,
         if refused is not None:
             raise ConfigError("engine.version", f"the lab's flag list for {engine.name} {version} "
                                                 f"refuses the launch: {refused[0]}: {refused[1]}")
-        env = {**config["env"], **jit_cache_env(config["serving"]["jit_cache"], node)}
+        env = {**config["env"], **jit_cache_env(config["serving"]["jit_cache"], node),
+               **host_ip_env(engine.name, len(used), node)}
         specs.append(launch_spec(engine.name, node, rank, argv, env, version))
     return specs
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lab import flag_policy
-from lab.config import DEFAULT_ENGINE_VERSIONS, JIT_CACHE_ENV, ConfigError, shown
+from lab.config import DEFAULT_ENGINE_VERSIONS, HOST_IP_ENV, JIT_CACHE_ENV, ConfigError, shown
 from lab.engines.argv import EngineArgError, Given, Option, Parsed, ReleaseParser, release_parser
 from lab.engines.logs import Matcher
 from lab.inventory import Node
@@ -113,9 +113,20 @@ def jit_cache_env(jit_cache: str, node: Node) -> dict[str, str]:
             "FLASHINFER_WORKSPACE_BASE": f"{node.cache_dir}/flashinfer"}
 
 
+def host_ip_env(engine: str, nnodes: int, node: Node) -> dict[str, str]:
+    """What the lab sets for a rank's own address: vLLM's multi-node head binds its
+    broadcast queue to VLLM_HOST_IP, else to the default-route interface (the management
+    NIC) or 0.0.0.0 (vllm/utils/network_utils.py get_ip), so each vLLM rank of a multi-node
+    launch is given its data-network address. SGLang meets at --dist-init-addr."""
+    if engine != "vllm" or nnodes <= 1:
+        return {}
+    return {HOST_IP_ENV: node.data_addr}
+
+
 def split_launch_env(env: Mapping[str, str]) -> tuple[dict[str, str], str]:
-    """A launch's env back into config.env and serving.jit_cache."""
-    kept = {k: v for k, v in env.items() if k not in JIT_CACHE_ENV}
+    """A launch's env back into config.env and serving.jit_cache (the lab's own per-rank
+    address dropped)."""
+    kept = {k: v for k, v in env.items() if k not in JIT_CACHE_ENV and k != HOST_IP_ENV}
     jit = "persisted" if any(k in env for k in JIT_CACHE_ENV) else "ephemeral"
     return kept, jit
 

@@ -719,6 +719,8 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
                                         why="a start that loaded its graphs from the kept cache"),
         "graph_capture": LineFinder(r"Graph capturing finished"),
         "engine_init": LineFinder(r"init engine \(profile, create kv cache, warmup model\)"),
+        "mq_leader": LineFinder(r"^DP group leader: ", paths=("vllm/v1/executor/",),
+                                why="the address the head's broadcast queue binds (get_ip)"),
         "kv_cache_size": LineFinder(r"KV cache size: |Maximum concurrency for"),
         "available_kv_memory": LineFinder(r"Available KV cache memory"),
         "api_server_start": LineFinder(r"^Starting vLLM (API )?server"),

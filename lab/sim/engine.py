@@ -715,8 +715,20 @@ class EngineProcess:
         node_index = self.node.scenario.node_names.index(self.node.name)
         return name, node_ipv4(index, node_index).split("/")[0]
 
+    def _broadcast_address(self) -> str:
+        """Where vLLM's multi-node head binds its broadcast queue (get_ip): VLLM_HOST_IP,
+        else the address of the interface holding the default route (the management NIC)."""
+        given = self.process_env.get("VLLM_HOST_IP")
+        if given:
+            return given
+        node_index = self.node.scenario.node_names.index(self.node.name)
+        return node_ipv4(0, node_index).split("/")[0]
+
     def _distributed_init(self, t: float, parsed: ParsedLaunch, nnodes: int) -> float:
         load = self.node.scenario.truth["load"]
+        if self.engine == "vllm" and nnodes > 1 and self.rank == 0 and self.rel.has_line("mq_leader"):
+            line = self.rel.line("mq_leader")
+            self.log(t, line, line.pct(0, 0, parsed.master_addr, self._broadcast_address(), nnodes, 1))
         ifname, address = self._interface()
         if "NCCL_SOCKET_IFNAME" in self.process_env:
             chosen = self.process_env["NCCL_SOCKET_IFNAME"]

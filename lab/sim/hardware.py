@@ -79,6 +79,11 @@ def node_ipv4(nic_index: int, node_index: int) -> str:
     return f"10.{10 + nic_index}.0.{11 + node_index}/24"
 
 
+def data_address(node_index: int) -> str:
+    """A node's address on its first data NIC (the inventory's data_addr)."""
+    return node_ipv4(1, node_index).split("/")[0]
+
+
 class NodeHardware:
     """One node's hardware timeline, from which its telemetry and facts are read."""
 

@@ -44,6 +44,7 @@ from lab.catalog import SCHEMA as CATALOG_SCHEMA
 from lab.catalog import Catalog, parse_catalog
 from lab.clock import LabClock
 from lab.sim.engine import SHARDS, RendezvousHub
+from lab.sim.hardware import data_address
 from lab.sim.node import LabContext, NodePaths, SimNode
 from lab.sim.scenario import Scenario, load_scenario
 from lab.sim.sshd import NodeSSHServer
@@ -364,10 +365,12 @@ class SimLab:
                 "data_nics": list(nics["data"]),
                 "api_port": self.api_port,
             },
+            # Each node is reached over loopback; its data address is its first data NIC's, as
+            # its facts show it (the rendezvous and each vLLM rank's VLLM_HOST_IP name it).
             "nodes": [
                 {"name": name, "host": "127.0.0.1", "port": self.servers[name].port,
-                 "role": self.nodes[name].role, "data_addr": "127.0.0.1"}
-                for name in self.scenario.node_names
+                 "role": self.nodes[name].role, "data_addr": data_address(index)}
+                for index, name in enumerate(self.scenario.node_names)
             ],
         }
         header = (f"# Simulated lab {self.scenario.name!r}: lab time runs {self.scenario.dilation:g}x "

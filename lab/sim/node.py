@@ -33,6 +33,7 @@ from lab.agent.agent import (
     MEM_BW_MAX_REPEATS,
     MEM_BW_METHOD,
     launch_owner,
+    not_own_address,
     root_engine_user,
     rotate_log,
     spec_problem,
@@ -495,6 +496,11 @@ class SimNode:
                                policies=(compiled_env_policy(), compiled_flag_policy()))
         if problem is not None:
             raise AgentFailure("invalid_spec", f"spec.{problem[0]}: {problem[1]}")
+        own = {"127.0.0.1", *(a.split("/")[0] for nic in self.hardware.nic_facts() for a in nic["ipv4"])}
+        foreign = not_own_address(spec.get("env") or {}, compiled_env_policy()["platform"], own)
+        if foreign is not None:
+            raise AgentFailure("invalid_spec", f"spec.env.{foreign}: {spec['env'][foreign]!r} is not an "
+                               "address of this node; each rank names its own")
         if self.engine_user == "root":
             raise AgentFailure("not_permitted", root_engine_user("root", NODE_CONFIG))
         env, log_file = spec.get("env", {}), spec["log_file"]

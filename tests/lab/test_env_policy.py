@@ -10,13 +10,15 @@ from typing import Any
 import pytest
 
 from lab import env_policy
-from lab.config import JIT_CACHE_ENV, ConfigError, env_name_problem
+from lab.config import HOST_IP_ENV, JIT_CACHE_ENV, ConfigError, env_name_problem
 from lab.engines import modelled_versions, normalize_config
 from lab.engines.base import jit_cache_env
 from lab.engines.tables import release
 from lab.inventory import Node
 from lab.session import OBSERVATION_ENV
 
+# The variables the platform renders itself: a configuration may not set them.
+PLATFORM_ENV = {*JIT_CACHE_ENV, HOST_IP_ENV}
 VERSIONS = [("vllm", "0.29.0"), ("vllm", "0.34.0"), ("sglang", "0.5.12"), ("sglang", "0.5.23")]
 CACHE = "/var/cache/diag"
 
@@ -99,7 +101,7 @@ def test_a_hostile_variable_is_refused_at_intake_and_on_the_node(
         name: str, value: str, engine: str, version: str) -> None:
     err = refusal({name: value}, engine, version)
     assert err.field == f"env.{name}"
-    if name not in JIT_CACHE_ENV:
+    if name not in PLATFORM_ENV:
         assert name not in (env_policy.agent_permitted(engine, version) or {})
         problem = on_node({name: value}, engine, version)
         assert problem is not None and problem[0] == f"env.{name}"
@@ -241,7 +243,7 @@ def test_everything_the_platform_renders_or_the_pipelines_set_is_permitted(engin
 
 
 def test_the_policy_agrees_with_the_tables_and_lab_config() -> None:
-    assert set(env_policy.load_policy()["platform"]) == set(JIT_CACHE_ENV)
+    assert set(env_policy.load_policy()["platform"]) == PLATFORM_ENV
     for engine in ("vllm", "sglang"):
         assert env_policy.modelled(engine) == modelled_versions(engine)
         for version in modelled_versions(engine):
@@ -259,7 +261,18 @@ def test_the_compiled_policy_is_what_intake_permits() -> None:
     compiled = env_policy.compiled_policy()
     for engine, version in VERSIONS:
         on_node_names = set(env_policy.agent_permitted(engine, version) or {})
-        assert on_node_names == set(env_policy.permitted(engine, version)) | set(JIT_CACHE_ENV)
-        for name in on_node_names - set(JIT_CACHE_ENV):
+        assert on_node_names == set(env_policy.permitted(engine, version)) | PLATFORM_ENV
+        for name in on_node_names - PLATFORM_ENV:
             assert env_name_problem(name, engine, version) is None
     assert compiled["schema"] == "lab.env-policy/1"
+
+
+def test_each_vllm_rank_names_its_own_address_and_nothing_else_does() -> None:
+    # The lab sets VLLM_HOST_IP (vLLM's head binds its broadcast queue to it, else to the
+    # default-route interface): a configuration may not; the node holds it to an IP address
+    # (and, resolved on the node, to one of its own: tests/lab/agent).
+    assert "the lab sets this from each rank's own data-network address" in refusal(
+        {"VLLM_HOST_IP": "10.0.0.1"}, "vllm", "0.34.0").problem
+    assert on_node({"VLLM_HOST_IP": "10.11.0.11"}, "vllm", "0.34.0") is None
+    problem = on_node({"VLLM_HOST_IP": "10.0.0.1; id"}, "vllm", "0.34.0")
+    assert problem is not None and "takes an IP address" in problem[1]

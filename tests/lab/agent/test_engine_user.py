@@ -186,9 +186,9 @@ def test_the_pushed_agent_holds_the_platforms_policies() -> None:
         on_node = agent.permitted_env(agent.env_policy(), engine, version)
         for name in names:
             platform_ok = lab.config.env_name_problem(name, engine, version) is None
-            # The node also takes the platform's own JIT cache variables, which intake
-            # refuses in a configuration (serving.jit_cache sets them).
-            own = name in lab.config.JIT_CACHE_ENV
+            # The node also takes the platform's own variables (the JIT cache folders, each
+            # vLLM rank's address), which intake refuses in a configuration.
+            own = name in (*lab.config.JIT_CACHE_ENV, lab.config.HOST_IP_ENV)
             assert (name in on_node) == (platform_ok or own), (engine, version, name)
 
 

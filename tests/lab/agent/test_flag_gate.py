@@ -149,3 +149,13 @@ def test_a_spec_the_platform_would_write_launches(node: Node) -> None:
     log = node.work_dir / "logs" / "engine.log"
     assert wait_until(lambda: log.exists() and log.read_text().strip() != "")
     assert json.loads(log.read_text().splitlines()[0]) == argv[1:]
+
+
+def test_vllm_host_ip_must_be_an_address_of_the_node(node: Node) -> None:
+    # The lab names each vLLM rank's own data address; a spec naming another host's would
+    # make the head advertise its broadcast queue where no worker can reach it.
+    message = _refused(_launch(node.work_dir, ENGINE_ARGV, env={"VLLM_HOST_IP": "192.0.2.77"}),
+                       "env.VLLM_HOST_IP")
+    assert "is not an address of this node" in message
+    _nothing_started(node.work_dir)
+    assert _launch(node.work_dir, ENGINE_ARGV, env={"VLLM_HOST_IP": "127.0.0.1"})["ok"]

@@ -9,7 +9,8 @@ import pytest
 
 from lab.catalog import Catalog, CatalogModel
 from lab.config import ConfigError
-from lab.engines import normalize_config, render
+from lab.engines import normalize_config, parse_launch, render
+from lab.engines.tables import release
 from lab.inventory import Node
 from tests.lab.engines.conftest import spark_nodes
 
@@ -192,14 +193,38 @@ def test_sglang_brackets_an_ipv6_rendezvous_address() -> None:
 
 def test_env_is_the_config_env_without_jit_caches_when_ephemeral(sparks: list[Node]) -> None:
     config = normalize_config({**REFERENCE, "env": {"NCCL_SOCKET_IFNAME": "enp1s0f0np0"}})
-    assert render(config, sparks)[0]["env"] == {"NCCL_SOCKET_IFNAME": "enp1s0f0np0"}
+    assert render(config, sparks)[0]["env"] == {"NCCL_SOCKET_IFNAME": "enp1s0f0np0",
+                                                "VLLM_HOST_IP": "10.10.0.1"}
 
 
 def test_a_persisted_jit_cache_lives_under_each_nodes_cache_dir(sparks: list[Node]) -> None:
     config = normalize_config({**REFERENCE, "serving": {"jit_cache": "persisted"}})
     env = render(config, sparks)[3]["env"]
     assert env == {"VLLM_CACHE_ROOT": "/var/cache/diag-4/vllm",
-                   "FLASHINFER_WORKSPACE_BASE": "/var/cache/diag-4/flashinfer"}
+                   "FLASHINFER_WORKSPACE_BASE": "/var/cache/diag-4/flashinfer",
+                   "VLLM_HOST_IP": "10.10.0.4"}
+
+
+def test_each_vllm_rank_gets_its_own_data_address_as_vllm_host_ip(sparks: list[Node]) -> None:
+    # vLLM's head binds its broadcast queue to get_ip() (VLLM_HOST_IP, else the default-route
+    # interface: vllm/utils/network_utils.py): each rank names its own data address.
+    specs = render(REFERENCE, sparks)
+    assert [s["env"]["VLLM_HOST_IP"] for s in specs] == [n.data_addr for n in sparks]
+    # One node meets no one; SGLang meets at --dist-init-addr and reads no VLLM_HOST_IP.
+    one = normalize_config({**REFERENCE, "parallel": {"tp": 1, "pp": 1}, "cluster": {"nodes": 1}})
+    assert "VLLM_HOST_IP" not in render(one, sparks)[0]["env"]
+    sglang = {**REFERENCE, "engine": {"name": "sglang"}, "speculative": None}
+    assert all("VLLM_HOST_IP" not in s["env"] for s in render(sglang, sparks))
+    # Read back, the launch is the same configuration: the lab's variable is not the customer's.
+    parsed = parse_launch(specs[2]["argv"], specs[2]["env"], version="0.34.0")
+    assert parsed.config["env"] == {}
+    # Both modelled vLLM releases read it (envs.py) and log where the queue binds.
+    for version in ("0.29.0", "0.34.0"):
+        table = release("vllm", version)
+        assert "VLLM_HOST_IP" in table["env"]["registry"]
+        [found] = table["lines"]["mq_leader"]["found"]
+        assert found["file"] == "vllm/v1/executor/multiproc_executor.py"
+        assert "mq_connect_ip=%s (local)" in found["text"]
 
 
 def test_too_few_nodes_is_an_error_naming_the_layout() -> None:

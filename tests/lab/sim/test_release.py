@@ -26,6 +26,8 @@ from lab.sim.scenario import ScenarioError, load_scenario, parse_scenario
 
 from .conftest import out_of_box, wait_exit, wait_ready
 
+AGENT = "/var/lib/diag/agent.py"
+
 
 def launch_argv(lab: SimLab, config: dict[str, Any],
                 edit: Callable[[list[str]], list[str]] = lambda a: a,
@@ -113,6 +115,31 @@ def test_every_vllm_line_the_sim_writes_is_a_format_string_of_the_version(
     assert moe is not None
     assert moe[1] == ("'FLASHINFER_CUTLASS'" if version == "0.29.0" else "FLASHINFER_CUTLASS")
     assert "Using FlashInferCutlassNvFp4LinearKernel for NVFP4 GEMM" in text
+
+
+def test_the_vllm_head_binds_its_broadcast_queue_where_vllm_host_ip_says(sim_lab: SimLab) -> None:
+    # vllm/v1/executor/multiproc_executor.py: the DP group leader's line names get_ip(),
+    # VLLM_HOST_IP else the default-route interface (the management NIC).
+    inventory = load_inventory(sim_lab.inventory_path)
+    head = wait_ready(launch_argv(sim_lab, out_of_box()))
+    line = next(x for x in log_of(head).splitlines() if "DP group leader" in x)
+    assert f"master_addr={inventory.head.data_addr}, mq_connect_ip={inventory.head.data_addr} (local)" in line
+    assert "world_size=8" in line
+    workers = [p for n in sim_lab.scenario.node_names[1:] for p in sim_lab.node(n).processes]
+    assert workers and not any("DP group leader" in log_of(p) for p in workers)  # rank 0's line
+    for name in sim_lab.scenario.node_names:
+        for proc in sim_lab.node(name).processes:
+            proc.terminate()
+    # A spec naming another node's address is refused on the node, as the agent does.
+    spec = render(out_of_box(), inventory.nodes)[1]
+    spec["env"]["VLLM_HOST_IP"] = inventory.head.data_addr
+    node = sim_lab.node(spec["node"])
+    node.host_path("/var/lib/diag/launch").mkdir(parents=True, exist_ok=True)
+    node.host_path("/var/lib/diag/launch/other.json").write_text(json.dumps(spec))
+    answer = json.loads(node.run_agent(AGENT, ["launch", "--spec", "/var/lib/diag/launch/other.json",
+                                               "--json"]).stdout)
+    assert answer["error"]["code"] == "invalid_spec"
+    assert answer["error"]["message"].startswith("spec.env.VLLM_HOST_IP:")
 
 
 def _raw(scenario: Any) -> dict[str, Any]:

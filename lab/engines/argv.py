@@ -6,11 +6,20 @@ does: its option strings (BooleanOptionalAction's `--no-X`, vLLM's `--disable-X`
 spellings and short names such as `-tp`, `-sc`), prefix abbreviations when the table says
 `allow_abbrev` (with argparse's `ambiguous option` refusal), `--flag=value`, nargs (`?`,
 `+`, `*`), switches, the value converters the table names (int, float, json.loads,
-vLLM's optional_type / human_readable_int[_or_auto] / the backend-name lambda, ...),
+vLLM's optional_type / human_readable_int[_or_auto] / the backend-name lambda, ...; a name
+both engines use is the engine's own function: SGLang's human_readable_int is not vLLM's),
 choices checked after the conversion, and required options. A refusal is an
 EngineArgError whose str() is what argparse prints before it exits 2: the version's
 usage line, then `<prog>: error: <message>`, in Python 3.12's wording (choices listed
-`choose from a, b, c`).
+`choose from a, b, c`). Two kinds of it are not argparse's: EngineException, what the
+release refuses with an exception of its own code (its traceback's last line), and
+NotReproduced, what the release accepts but the lab does not reproduce (the lab's words).
+
+For vLLM the tokens are first rewritten as its FlexibleArgumentParser rewrites argv before
+argparse sees it (vllm_flexible_args: underscores in option names, -O3 as
+--optimization-level 3, `--speculative-config.method eagle3` merged into one JSON
+argument, the --config file's checks); Given.tokens hold the tokens as argparse received
+them.
 
 The algorithm is argparse's own (classify each token as an option or an argument, let
 each option take the arguments its nargs matches, positionals in between, leftovers
@@ -25,6 +34,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Context, Decimal
 from functools import cache
 from typing import Any
 
@@ -59,31 +69,106 @@ class EngineArgError(ValueError):
         return f"{self.prog}: error: {self.message}"
 
 
+class EngineException(EngineArgError):
+    """A launch the release refuses with an exception of its own code rather than argparse's
+    exit 2: vLLM's FlexibleArgumentParser before argparse runs (a --config that is not a YAML
+    file, a dotted argument without its value), or one of its configuration classes when it
+    builds its configuration (pydantic's ValidationError for a key SpeculativeConfig does not
+    have). `exception` is the exception's type as Python's traceback names it ("ValueError",
+    "pydantic_core._pydantic_core.ValidationError"), `message` its text; str() and
+    `error_line` are the traceback's last line(s): "<exception>: <message>"."""
+
+    def __init__(self, flag: str, exception: str, message: str, prog: str = "vllm serve") -> None:
+        super().__init__(flag, message, prog)
+        self.exception = exception
+        self.args = (f"{exception}: {message}",)
+
+    @property
+    def error_line(self) -> str:
+        return f"{self.exception}: {self.message}"
+
+
+class NotReproduced(EngineArgError):
+    """Something the release accepts that the lab does not reproduce, refused in the
+    platform's own words (str() and `error_line` are `message`), never as if the engine
+    refused it."""
+
+    def __init__(self, flag: str, message: str, prog: str = "vllm serve") -> None:
+        super().__init__(flag, message, prog)
+        self.args = (message,)
+
+    @property
+    def error_line(self) -> str:
+        return self.message
+
+
 class ArgumentTypeError(ValueError):
     """A converter's refusal in its own words (argparse.ArgumentTypeError)."""
 
 
 # -- value converters, by the name the table gives them --------------------------------------
-_HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# vLLM's human_readable_int (vllm/utils/argparse_utils.py: 0.29.0 lines 29-72, 0.34.0 lines
+# 30-74, the same in both): k/m/g/t decimal (x1000..., a decimal number allowed, computed in
+# floating point), K/M/G/T binary (x1024..., an integer only), anything else read by int().
+_VLLM_HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_VLLM_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_VLLM_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def human_readable_int(value: str) -> int:
-    """262144, 256K (x1024) or 262.144k (x1000); a decimal with a binary suffix is refused."""
+    """vLLM's: 262144, 256K (x1024) or 262.144k (x1000); a decimal with a binary suffix is
+    refused in vLLM's words, anything else unreadable is int()'s ValueError (argparse then
+    says `invalid human_readable_int value`)."""
     value = value.strip()
-    m = _HUMAN.fullmatch(value)
+    m = _VLLM_HUMAN.fullmatch(value)
     if m:
         number, suffix = m.groups()
-        if suffix in _DECIMAL:
-            return int(float(number) * _DECIMAL[suffix])
+        if suffix in _VLLM_DECIMAL:
+            return int(float(number) * _VLLM_DECIMAL[suffix])
         try:
-            return int(number) * _BINARY[suffix]
+            return int(number) * _VLLM_BINARY[suffix]
         except ValueError:
             raise ArgumentTypeError(f"Decimals are not allowed with binary suffixes like "
                                     f"{suffix}. Did you mean to use {number}{suffix.lower()} "
                                     "instead?") from None
     return int(value)
+
+
+# SGLang's human_readable_int (sglang/srt/utils/common.py: 0.5.12 lines 2383-2418, 0.5.23
+# lines 3394-3429, the same in both; --context-length, --max-total-tokens,
+# --max-prefill-tokens and 0.5.23's --cuda-graph-prefill-max-context use it): suffixes are
+# case-sensitive, SI k/M/G/T decimal (x1000..., a decimal number allowed, computed exactly
+# with Decimal), IEC Ki/Mi/Gi/Ti binary (x1024..., an integer only); `256K` or `1m` is not a
+# suffix at all, and anything int() cannot read is refused in its words.
+_SGLANG_HUMAN = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+_SGLANG_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SGLANG_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def sglang_human_readable_int(value: str) -> int:
+    """SGLang's: 262144, 256Ki (x1024), 262.144k (x1000), 1M (x1,000,000)."""
+    value = value.strip()
+    m = _SGLANG_HUMAN.fullmatch(value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in _SGLANG_IEC:
+            if "." in number:
+                raise ArgumentTypeError(
+                    f"Decimals are not allowed with IEC suffixes like '{suffix}'. Use an integer "
+                    f"IEC value such as '{int(Decimal(number))}{suffix}', or an SI value such as "
+                    f"'{number}{suffix[0]}'.")
+            return int(number) * _SGLANG_IEC[suffix]
+        # Decimal arithmetic in the default context (28 digits), as the release's is.
+        return int(Context().multiply(Decimal(number), _SGLANG_SI[suffix]))
+    try:
+        return int(value)
+    except ValueError:
+        raise ArgumentTypeError(
+            f"Invalid integer value: '{value}'. Use a plain integer, SI suffixes (1k, 1M), or "
+            "IEC suffixes (1Ki, 1Mi). Suffixes are case-sensitive.") from None
+
+
+sglang_human_readable_int.__name__ = "human_readable_int"
 
 
 def human_readable_int_or_auto(value: str) -> int:
@@ -186,23 +271,171 @@ _SIMPLE: dict[str, Callable[[str], Any]] = {
 }
 
 
+# The converters an engine names like another's but defines its own way: SGLang's tables say
+# `human_readable_int` for its own function (sglang/srt/utils/common.py), not vLLM's.
+_ENGINE_SIMPLE: dict[str, dict[str, Callable[[str], Any]]] = {
+    "sglang": {"human_readable_int": sglang_human_readable_int},
+}
+
+
 @cache
-def converter(type_name: str | None) -> Callable[[str], Any]:
-    """The converter a table's `type` names (a string for None: argparse's default)."""
+def converter(type_name: str | None, engine: str = "vllm") -> Callable[[str], Any]:
+    """The converter a table's `type` names in `engine`'s release (a string for None:
+    argparse's default)."""
     if type_name is None:
         return _identity("str")
+    own = _ENGINE_SIMPLE.get(engine, {})
+    if type_name in own:
+        return own[type_name]
     if type_name in _SIMPLE:
         return _SIMPLE[type_name]
     if m := re.fullmatch(r"optional_type\((.*)\)", type_name):
-        return _optional(converter(m[1]))
+        return _optional(converter(m[1], engine))
     if m := re.fullmatch(r"parse_type\((.*)\)", type_name):
-        inner = converter(m[1])
+        inner = converter(m[1], engine)
         return _parse_type(inner, f"<function {getattr(inner, '__name__', m[1])}>")
     if m := re.fullmatch(r"parse_dataclass\((\w+)\)", type_name):
         return _json_object(m[1])
     # A converter the platform does not know (parse_reasoning_parser, SGLang's cuda-graph
     # parsers): the value is kept as written, and the engine judges it after parsing.
     return _identity(type_name.split("(")[0])
+
+
+# -- vLLM's FlexibleArgumentParser: argv as argparse receives it --------------------------------
+# vllm/utils/argparse_utils.py FlexibleArgumentParser.parse_args, the same code in both modelled
+# releases (0.29.0 lines 259-448, 0.34.0 lines 313-502), rewrites the whole argv before
+# argparse reads it; ReleaseParser.preprocess does the same for a vLLM release.
+_OPTIMIZATION_LEVELS = ("0", "1", "2", "3")
+
+
+def _vllm_dashes(key: str) -> str:
+    """Underscores to dashes between the leading `--` and the first `.` (0.29.0 line 325,
+    0.34.0 line 379: the pattern `(?<=--)[^.]*`, replaced once): `--max_model_len` ->
+    `--max-model-len`, `--speculative_config.num_speculative_tokens` ->
+    `--speculative-config.num_speculative_tokens`."""
+    head, dot, rest = key[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + rest
+
+
+def _vllm_config_file(args: Sequence[str], prog: str) -> None:
+    """`--config FILE` (parse_args 0.29.0 lines 317-318, 0.34.0 lines 371-372; then
+    _pull_args_from_config 0.29.0 lines 496-502, 0.34.0 lines 551-557, and load_config_file
+    0.29.0 lines 571-575, 0.34.0 lines 633-637): the release's refusals that do not depend
+    on the file, in its words. A YAML file itself is read on the node, which the platform
+    cannot do: the tokens are left to argparse, which stores the path (the lab's lists do
+    not hold --config, so intake refuses it in the platform's words)."""
+    flag = "--config"
+    if args.count(flag) > 1:
+        raise EngineException(flag, "AssertionError", "More than one config file specified!", prog)
+    index = list(args).index(flag)
+    if index == len(args) - 1:
+        raise EngineException(flag, "ValueError", "No config file specified! Please check your "
+                                                  "command-line arguments.", prog)
+    extension = args[index + 1].split(".")[-1]
+    if extension not in ("yaml", "yml"):
+        raise EngineException(flag, "ValueError", f"Config file must be of a yaml/yml type. "
+                                                  f"{extension} supplied", prog)
+
+
+def _vllm_dotted_value(value: str) -> Any:
+    """A dotted argument's value (0.29.0 lines 423-431, 0.34.0 lines 477-485): JSON, else
+    vLLM's human_readable_int (`80g`, `1k`), else the string as written. Only a JSON decoding
+    error falls through; any other exception of json.loads ends the release."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        try:
+            return human_readable_int(value)
+        except ValueError:  # argparse.ArgumentTypeError is ours too
+            return value
+
+
+def _vllm_merge(original: dict[str, Any], update: Mapping[str, Any]) -> None:
+    """recursive_dict_update (0.29.0 lines 367-385, 0.34.0 lines 421-439): dictionaries
+    merge key by key, lists extend, anything else is replaced."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(original.get(key), dict):
+            _vllm_merge(original[key], value)
+        elif isinstance(value, list) and isinstance(original.get(key), list):
+            original[key] += value
+        else:
+            original[key] = value
+
+
+def vllm_flexible_args(tokens: Sequence[str], prog: str = "vllm serve") -> list[str]:
+    """`tokens` as vLLM's FlexibleArgumentParser hands them to argparse:
+
+    - `--config FILE` checked as the release checks it (_vllm_config_file);
+    - `--help=WORD` read as `--help`; in every other token starting with `--`, underscores
+      turned into dashes up to the first `.` (0.29.0 lines 325-340, 0.34.0 lines 379-394);
+    - `-O3`, `-O=3`, `-Odecode` read as `--optimization-level 3` (`decode`): anything after
+      `-O` is the level; `-O N` with N one of 0-3 as `--optimization-level N` (0.29.0 lines
+      341-352, 0.34.0 lines 395-406). In both releases -O stands for --optimization-level,
+      a string flag (VllmConfig.optimization_level, checked when the configuration is built);
+    - every token starting with `-` and holding a `.` (`--speculative-config.method eagle3`,
+      `-sc.num_speculative_tokens=3`, `--compilation-config.cudagraph_capture_sizes+ 1,2`)
+      taken out with its value and merged by the part before the first `.` into one JSON
+      object per argument, appended at the end as `--speculative-config '{"method": ...}'`
+      (0.29.0 lines 356-446, 0.34.0 lines 410-500): `+` makes a list of the comma-separated
+      values, and repeated keys merge (later values win).
+
+    EngineException for what the release refuses with an exception (a dotted argument last
+    with no value: IndexError; a value json.loads fails on other than by a decoding error).
+    """
+    args = list(tokens)
+    if "--config" in args:
+        _vllm_config_file(args, prog)
+    processed: list[str] = []
+    for i, arg in enumerate(args):
+        if arg.startswith("--help="):
+            processed.append("--help")
+        elif arg.startswith("--"):
+            key, eq, value = arg.partition("=")
+            processed.append(_vllm_dashes(key) + eq + value)
+        elif arg.startswith("-O") and arg != "-O":
+            processed += ["--optimization-level", arg[3:] if arg[2] == "=" else arg[2:]]
+        elif arg == "-O" and i + 1 < len(args) and args[i + 1] in _OPTIMIZATION_LEVELS:
+            processed.append("--optimization-level")
+        else:
+            processed.append(arg)
+    delete: set[int] = set()
+    merged: dict[str, dict[str, Any]] = {}
+    arg = ""
+    try:
+        for i, arg in enumerate(processed):
+            if i in delete or (arg.startswith("--") and "." not in arg):
+                continue
+            if not (arg.startswith("-") and "." in arg):
+                continue
+            if "=" in arg:
+                arg, value = arg.split("=", 1)
+                if "." not in arg:
+                    continue  # the `.` was in the value only
+            elif i + 1 < len(processed):
+                value = processed[i + 1]
+                delete.add(i + 1)
+            else:
+                raise EngineException(arg, "IndexError", "list index out of range", prog)
+            if arg.endswith("+"):
+                arg = arg[:-1]
+                value = json.dumps(value.split(","))
+            key, *path = arg.split(".")
+            nested: Any = _vllm_dotted_value(value)
+            for part in reversed(path):
+                nested = {part: nested}
+            _vllm_merge(merged.setdefault(key, {}), nested)
+            delete.add(i)
+        out = [a for i, a in enumerate(processed) if i not in delete]
+        for arg, merged_value in merged.items():
+            out += [arg, json.dumps(merged_value)]
+    except EngineArgError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        # json.loads beyond a decoding error (an integer of more than 4,300 digits, nesting
+        # past the recursion limit) or json.dumps of what was merged: the release's
+        # traceback ends with the exception.
+        raise EngineException(arg, type(exc).__name__, str(exc), prog) from None
+    return out
 
 
 # -- the options of one release ----------------------------------------------------------------
@@ -232,6 +465,7 @@ class Option:
     required: bool
     const: Any
     metavar: str | None
+    engine: str = "vllm"  # whose converters `type_name` names (lab.engines.argv.converter)
 
     @property
     def name(self) -> str:
@@ -243,7 +477,7 @@ class Option:
         return self.nargs if self.takes_value else 0
 
     def convert(self, raw: str) -> Any:
-        return converter(self.type_name)(raw)
+        return converter(self.type_name, self.engine)(raw)
 
     def value_of(self, written: str) -> bool:
         """A switch's value when given as `written` (BooleanOptionalAction: --no-X false;
@@ -255,7 +489,7 @@ class Option:
         return True
 
 
-def _option(key: str, entry: Mapping[str, Any]) -> Option:
+def _option(key: str, entry: Mapping[str, Any], engine: str) -> Option:
     action = _ACTIONS.get(entry["action"]) or _ACTIONS.get(entry.get("action_base") or "", "store")
     choices = entry.get("choices")
     if action == "store_const" and entry.get("takes_value"):
@@ -267,7 +501,7 @@ def _option(key: str, entry: Mapping[str, Any]) -> Option:
                   choices=tuple(choices) if choices is not None else None,
                   type_name=entry.get("type"), required=bool(entry.get("required")),
                   const=entry.get("const"),
-                  metavar=metavar if isinstance(metavar, str) else None)
+                  metavar=metavar if isinstance(metavar, str) else None, engine=engine)
 
 
 _HELP = Option(key="--help", option_strings=("-h", "--help"), dest="help", action="help",
@@ -278,7 +512,9 @@ _HELP = Option(key="--help", option_strings=("-h", "--help"), dest="help", actio
 @dataclass(frozen=True)
 class Given:
     """One option as a command gave it: the option, how it was written, the tokens it
-    took (verbatim, the option's own first) and its converted value."""
+    took (the option's own first; as the release's argparse received them, so for vLLM after
+    its FlexibleArgumentParser's rewriting: `-O3` took `--optimization-level 3`) and its
+    converted value."""
 
     option: Option
     written: str
@@ -335,7 +571,8 @@ class ReleaseParser:
         self.prog: str = table["prog"]
         self.allow_abbrev: bool = bool(table.get("allow_abbrev", True))
         self._usage: str | None = table.get("usage")
-        self.options: tuple[Option, ...] = tuple(_option(k, e) for k, e in table["flags"].items())
+        self.options: tuple[Option, ...] = tuple(_option(k, e, self.engine)
+                                                 for k, e in table["flags"].items())
         self.positionals: tuple[dict[str, Any], ...] = tuple(table.get("positionals") or ())
         self._by_string: dict[str, Option] = {}
         for option in (_HELP, *self.options):
@@ -399,13 +636,13 @@ class ReleaseParser:
         return self.error(option.option_strings[0], f"argument {option.name}: {message}")
 
     # -- argparse's algorithm -------------------------------------------------------------
-    def _normalized(self, token: str) -> str:
-        """vLLM's FlexibleArgumentParser reads --tensor_parallel_size as
-        --tensor-parallel-size before argparse sees it."""
-        if self.engine == "vllm" and token.startswith("--"):
-            key, eq, value = token.partition("=")
-            return "--" + key[2:].replace("_", "-") + eq + value
-        return token
+    def preprocess(self, tokens: Sequence[str]) -> list[str]:
+        """`tokens` as the release's argparse receives them: vLLM's FlexibleArgumentParser
+        rewrites them first (vllm_flexible_args); SGLang's plain ArgumentParser takes them as
+        given."""
+        if self.engine == "vllm":
+            return vllm_flexible_args(tokens, self.prog)
+        return list(tokens)
 
     def _option_tuples(self, arg: str) -> list[tuple[Option, str, str | None]]:
         found: list[tuple[Option, str, str | None]] = []
@@ -463,7 +700,7 @@ class ReleaseParser:
         except ArgumentTypeError as exc:
             raise self._arg_error(option, str(exc)) from None
         except (TypeError, ValueError):
-            name = getattr(converter(option.type_name), "__name__", "str")
+            name = getattr(converter(option.type_name, option.engine), "__name__", "str")
             raise self._arg_error(option, f"invalid {name} value: {raw!r}") from None
         if option.choices is not None and value not in option.choices:
             listed = ", ".join(str(c) for c in option.choices)
@@ -488,7 +725,8 @@ class ReleaseParser:
         EngineArgError for anything it refuses. `partial`: the tail of a command (its extra
         arguments), read as argparse reads them there: the positionals were taken before
         it, and options the whole command requires may be missing."""
-        args = [self._normalized(t) for t in tokens]
+        # Given.tokens and the refusals hold the tokens as argparse received them.
+        args = tokens = self.preprocess(tokens)
         pattern: list[str] = []
         found: dict[int, tuple[Option | None, str, str | None]] = {}
         after_dashes = False

@@ -19,7 +19,8 @@ from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
 from lab.config import LOAD_FORMATS, ConfigError, shown
-from lab.engines.base import MASTER_PORT, Engine, EngineArgError, LaunchInfo
+from lab.engines.argv import EngineException, NotReproduced, ReleaseParser
+from lab.engines.base import MASTER_PORT, Engine, EngineArgError, LaunchInfo, shown_label
 from lab.engines.logs import Event, LogLine, Matcher, normalize_backend, number, shard_progress
 from lab.inventory import Node
 
@@ -33,12 +34,108 @@ SPEC_METHODS_FROM_JSON = {"eagle3": "eagle3", "ngram": "ngram", "[ngram]": "ngra
 AUTO_LENGTH = -1
 
 
-def _speculative_from_json(spec: Mapping[str, Any], prog: str) -> dict[str, Any]:
+# The keyword arguments SpeculativeConfig takes in each modelled release: its dataclass fields
+# less those with init=False (vllm/config/speculative.py; 0.29.0 class at line 374, fields at
+# lines 377-590; 0.34.0 class at line 449, fields at lines 452-711, custom_method at line 479
+# with init=False). vLLM builds it as SpeculativeConfig(**speculative_config)
+# (vllm/engine/arg_utils.py 0.29.0 line 1952, 0.34.0 line 2172) after turning every `-` in
+# the keys into `_` (0.29.0 lines 1939-1941, 0.34.0 lines 2159-2161); the class is a pydantic
+# dataclass that forbids extra fields (vllm/config/utils.py `config`, ConfigDict(extra=
+# "forbid")), so any other key ends the start with pydantic's ValidationError.
+SPECULATIVE_CONFIG_KEYS: dict[str, frozenset[str]] = {
+    "0.29.0": frozenset((
+        "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
+        "tensor_parallel_size", "quantization", "moe_backend", "attention_backend", "kv_cache_dtype",
+        "max_model_len", "revision", "code_revision", "index_share_for_mtp_iteration",
+        "disable_padded_drafter_batch", "use_local_argmax_reduction", "use_heterogeneous_vocab",
+        "prompt_lookup_max", "prompt_lookup_min", "parallel_drafting", "target_model_config",
+        "target_parallel_config", "num_speculative_tokens_per_batch_size", "draft_model_config",
+        "draft_parallel_config", "suffix_decoding_max_tree_depth",
+        "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+        "suffix_decoding_min_token_prob", "draft_load_config", "rejection_sample_method",
+        "synthetic_acceptance_rates", "synthetic_acceptance_length", "enable_adaptive_verification",
+        "draft_sample_method", "dspark_draft_topk")),
+    "0.34.0": frozenset((
+        "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
+        "draft_decode_context_parallel_size", "tensor_parallel_size", "quantization", "moe_backend",
+        "attention_backend", "kv_cache_dtype", "max_model_len", "revision", "code_revision",
+        "index_share_for_mtp_iteration", "disable_eagle_block_drop", "disable_lookahead_block_hashes",
+        "draft_lm_head_quantization", "use_local_argmax_reduction", "prompt_lookup_max",
+        "prompt_lookup_min", "parallel_drafting", "target_model_config", "target_parallel_config",
+        "num_speculative_tokens_per_batch_size", "draft_model_config", "draft_parallel_config",
+        "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+        "suffix_decoding_corpus_tokens", "suffix_decoding_max_spec_factor",
+        "suffix_decoding_min_token_prob", "draft_load_config", "rejection_sample_method",
+        "synthetic_acceptance_rates", "synthetic_acceptance_length", "enable_adaptive_verification",
+        "draft_sample_method", "dspark_draft_topk", "xpress_topc", "speculator_options",
+        "fly_window_size", "fly_entropy_threshold", "fly_entropy_top_k")),
+}
+# How a pydantic ValidationError is printed: the exception's module and name, the count, and
+# per error the location (in backticks when it holds a `.`), the message, and the input's
+# repr cut to 50 bytes (its first 25 and last 24, whole characters only). Pydantic >= 2.12
+# (vLLM's requirements/common.txt) also prints a line "For further information visit
+# https://errors.pydantic.dev/<pydantic version>/v/unexpected_keyword_argument", which
+# depends on the pydantic installed beside vLLM and is left out.
+VALIDATION_ERROR = "pydantic_core._pydantic_core.ValidationError"
+
+
+def _pydantic_repr(value: Any) -> str:
+    text = repr(value)
+    if len(text.encode()) <= 50:
+        return text
+    head, size = "", 0
+    for ch in text:
+        size += len(ch.encode())
+        if size > 25:
+            break
+        head += ch
+    tail, size = "", 0
+    for ch in reversed(text):
+        size += len(ch.encode())
+        if size > 24:
+            break
+        tail = ch + tail
+    return f"{head}...{tail}"
+
+
+def _unexpected_keywords(spec: Mapping[str, Any], unknown: Sequence[str]) -> str:
+    """pydantic's ValidationError text for keyword arguments SpeculativeConfig lacks."""
+    count = len(unknown)
+    lines = [f"{count} validation error{'s' if count != 1 else ''} for SpeculativeConfig"]
+    for key in unknown:
+        value = spec[key]
+        lines += [f"`{key}`" if "." in key else key,
+                  "  Unexpected keyword argument [type=unexpected_keyword_argument, "
+                  f"input_value={_pydantic_repr(value)}, input_type={type(value).__name__}]"]
+    return "\n".join(lines)
+
+
+def _speculative_keys(written: Mapping[str, Any], parser: ReleaseParser) -> dict[str, Any]:
+    """--speculative-config's object as the release builds SpeculativeConfig from it: keys with
+    `-` read with `_`; a key the release's SpeculativeConfig does not take is refused in the
+    release's words (EngineException: pydantic's ValidationError); a key it takes that the lab
+    does not model is refused in the lab's (NotReproduced)."""
     flag = "--speculative-config"
+    spec = {str(k).replace("-", "_"): v for k, v in written.items()}
+    known = SPECULATIVE_CONFIG_KEYS.get(parser.version)
+    if known is not None:
+        unknown = [k for k in spec if k not in known]
+        if unknown:
+            raise EngineException(flag, VALIDATION_ERROR, _unexpected_keywords(spec, unknown),
+                                  parser.prog)
     for key in spec:
         if key not in SPEC_KEYS:
-            raise EngineArgError(flag, f"argument {flag}: key {shown(key)} is not modelled; "
-                                       f"accepted: {', '.join(SPEC_KEYS)}", prog)
+            raise NotReproduced(flag, f"{flag}: {shown(key)} is a key of "
+                                      f"{shown_label('vllm', parser.version)}'s SpeculativeConfig "
+                                      "that the lab does not reproduce (it models only "
+                                      f"{', '.join(SPEC_KEYS)}); remove it", parser.prog)
+    return spec
+
+
+def _speculative_from_json(written: Mapping[str, Any], parser: ReleaseParser) -> dict[str, Any]:
+    flag = "--speculative-config"
+    prog = parser.prog
+    spec = _speculative_keys(written, parser)
     method = spec.get("method")
     if method is None and spec.get("model") in ("ngram", "[ngram]"):
         method = "ngram"  # older vLLM named the n-gram proposer through "model"
@@ -450,7 +547,7 @@ class Vllm(Engine):
             "parallel": {"tp": values.get("parallel.tp", 1), "pp": values.get("parallel.pp", 1),
                          "expert_parallel": values.get("parallel.expert_parallel", False)},
             "serving": serving,
-            "speculative": (_speculative_from_json(spec, parser.prog) if isinstance(spec, dict)
+            "speculative": (_speculative_from_json(spec, parser) if isinstance(spec, dict)
                             else None),
             "extra_args": passthrough,
         }

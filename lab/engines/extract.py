@@ -711,6 +711,9 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
                                      r"Per-position acceptance rate|Avg Draft acceptance rate|"
                                      r"Accepted throughput|Drafted throughput",
                                      paths=("vllm/v1/spec_decode/",)),
+        "load_model_begin": LineFinder(r"^Starting to load model|^Loading model from scratch",
+                                       paths=("vllm/v1/worker/gpu",),
+                                       why="where model init ends and the weights are read"),
         "weights_loaded": LineFinder(r"^Loading weights took"),
         "model_loading": LineFinder(r"^Model loading took"),
         "torch_compile": LineFinder(r"torch\.compile (takes|took)"),
@@ -752,6 +755,11 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
         "batch_fields": LineFinder(r"#running-req|#queue-req|gen throughput \(token/s\)|"
                                    r"token usage: |accept len|accept rate|cuda graph: ",
                                    paths=_SGLANG_BATCH_LOGGERS),
+        "dist_init_begin": LineFinder(r"^Init (torch distributed|parallel) begin",
+                                      why="the rendezvous begins (0.5.12: torch distributed; "
+                                          "0.5.23: parallel)"),
+        "dist_init_end": LineFinder(r"^Init (torch distributed|parallel) ends",
+                                    why="the rendezvous has ended"),
         "load_weight_begin": LineFinder(r"^Load weight begin"),
         "load_weight_end": LineFinder(r"[Ll]oad weight end"),
         "cuda_graph_capture_end": LineFinder(r"^Capture .*(cuda|CUDA) graph end"),
@@ -974,10 +982,41 @@ def build_table(engine: str, version: str, archive: Path, artifact: Artifact) ->
         "env": env,
         "lines": find_lines(engine, sources, scan),
         "metrics": find_metrics(metric_prefix, scan),
+        **({"nvfp4_linear_kernels": kernels}
+           if engine == "vllm" and (kernels := nvfp4_linear_kernels(trees)) is not None else {}),
         "notes": sorted(ev.notes | {f"{p}: not parsed (syntax this Python does not read)"
                                     for p in unparsed}),
     }
     return table
+
+
+# Where vLLM maps each --linear-backend choice to the kernel classes it covers.
+_LINEAR_KERNEL_MAP = ("vllm/model_executor/kernels/linear/__init__.py", "_LINEAR_BACKEND_KERNEL_MAP")
+
+
+def nvfp4_linear_kernels(trees: Mapping[str, ast.Module]) -> dict[str, str] | None:
+    """vLLM: each NVFP4 linear kernel class -> the --linear-backend choice that covers it
+    (the release's _LINEAR_BACKEND_KERNEL_MAP, a literal dict of sets of class names); a
+    class of the nvfp4 kernel folder no choice covers is automatic only and absent. None
+    when the release has no such map."""
+    path, name = _LINEAR_KERNEL_MAP
+    tree = trees.get(path)
+    if tree is None:
+        return None
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if not (isinstance(target, ast.Name) and target.id == name and isinstance(node.value, ast.Dict)):
+            continue
+        out: dict[str, str] = {}
+        for key, value in zip(node.value.keys, node.value.values, strict=True):
+            if not (isinstance(key, ast.Constant) and isinstance(value, (ast.Set, ast.List, ast.Tuple))):
+                continue
+            for element in value.elts:
+                if isinstance(element, ast.Name) and re.search(r"NvFp4\w*LinearKernel$", element.id):
+                    out[element.id] = str(key.value)
+        return dict(sorted(out.items()))
+    return None
 
 
 def dumps(table: Mapping[str, Any]) -> str:

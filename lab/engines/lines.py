@@ -150,3 +150,38 @@ def fill(text: str, args: Sequence[Any] = (), fields: Mapping[str, Any] | None =
         last = end
     pieces.append(literal(text[last:]))
     return "".join(pieces)
+
+
+def pattern_text(text: str) -> str:
+    """A format string as a regular expression (unanchored): its literal text escaped, each
+    printf placeholder and `{expression[:spec]}` field matching any text."""
+    out: list[str] = []
+    last = 0
+    for start, end, _, _, _ in _brace_fields(text):
+        out.append(_printf_pattern(text[last:start]))
+        out.append(".*?")
+        last = end
+    out.append(_printf_pattern(text[last:]))
+    return "".join(out)
+
+
+def _printf_pattern(part: str) -> str:
+    pieces: list[str] = []
+    last = 0
+    for m in _PRINTF.finditer(part):
+        pieces.append(re.escape(part[last:m.start()].replace("{{", "{").replace("}}", "}")))
+        pieces.append("%" if m["spec"] == "%" else ".*?")
+        last = m.end()
+    pieces.append(re.escape(part[last:].replace("{{", "{").replace("}}", "}")))
+    return "".join(pieces)
+
+
+def line_pattern(engine: str, keys: Iterable[str], version: str | None = None) -> re.Pattern[str]:
+    """One expression matching (by search) any line a release writes for any of `keys`
+    (the format strings its table quotes): the given `version`'s, or every modelled
+    version's when None. Never matches when no release writes such a line."""
+    versions = [version] if version is not None else list(tables.modelled_versions(engine))
+    texts = sorted({text for v in versions for key in keys for text in formats(engine, v, key)})
+    if not texts:
+        return re.compile(r"(?!)")
+    return re.compile("|".join(f"(?:{pattern_text(t)})" for t in texts))

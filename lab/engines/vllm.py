@@ -292,6 +292,24 @@ _LINEAR = re.compile(r"^Using (?P<name>[\w-]+) for NVFP4 GEMM")
 MOE_LINE_QUOTED = {"0.29.0": True, "0.34.0": False}
 
 
+def linear_kernel_choice(kernel: str, version: str | None) -> str | None:
+    """The --linear-backend choice that covers the NVFP4 linear kernel class `kernel` in
+    `version` (its table's `nvfp4_linear_kernels`, the release's _LINEAR_BACKEND_KERNEL_MAP:
+    FlashInferCuteDslNvFp4LinearKernel -> flashinfer_cutedsl, the W4A16 variants -> their
+    backend's); any modelled version's when None. None when no choice covers it."""
+    from lab.engines.tables import modelled_versions, release
+
+    versions = [version] if version else list(modelled_versions("vllm"))
+    for v in versions:
+        try:
+            found = (release("vllm", v).get("nvfp4_linear_kernels") or {}).get(kernel)
+        except LookupError:
+            continue
+        if found:
+            return str(found)
+    return None
+
+
 def _fp4_backend(message: str, line: LogLine, state: dict[str, Any]) -> list[Event] | None:
     quoted = MOE_LINE_QUOTED.get(state.get("version") or "")
     regexes = [r for r, q in ((_MOE_QUOTED, True), (_MOE_BARE, False)) if quoted in (None, q)]
@@ -300,8 +318,14 @@ def _fp4_backend(message: str, line: LogLine, state: dict[str, Any]) -> list[Eve
             return [{"kind": "fp4_backend", "backend": normalize_backend(m["name"]),
                      "layer": "moe"}]
     if m := _LINEAR.search(message):
-        return [{"kind": "fp4_backend", "backend": normalize_backend(m["name"]),
-                 "layer": "linear"}]
+        choice = linear_kernel_choice(m["name"], state.get("version"))
+        event: Event = {"kind": "fp4_backend", "layer": "linear",
+                        "backend": choice or normalize_backend(m["name"])}
+        if choice is None:
+            # A kernel the release picks only automatically (no --linear-backend choice
+            # covers it, e.g. 0.34.0's HummingHadamardNvFp4LinearKernel).
+            event["selectable"] = False
+        return [event]
     if "Weight-only FP4 compression will be used leveraging the Marlin kernel" in message:
         return [{"kind": "fp4_backend", "backend": "marlin", "layer": "linear"}]
     return None

@@ -78,19 +78,13 @@ FP4_FLAGS = {"vllm": ("--moe-backend", "--linear-backend"),
 # vLLM's NvFp4MoeBackend values for its --moe-backend choices (oracle/nvfp4.py's mapping;
 # the rest upper-cased), and the order its oracle tries them on sm_12x.
 VLLM_MOE_VALUES = {"cutlass": "VLLM_CUTLASS"}
-VLLM_MOE_CANDIDATES = ("flashinfer_cutlass", "cutlass", "flashinfer_b12x", "b12x", "marlin")
-# vLLM's NVFP4 linear kernel classes (kernels/linear/nvfp4/), by --linear-backend choice.
-VLLM_LINEAR_KERNELS = {
-    "cutlass": "CutlassNvFp4LinearKernel",
-    "flashinfer_cutlass": "FlashInferCutlassNvFp4LinearKernel",
-    "flashinfer_trtllm": "FlashInferTrtllmNvFp4LinearKernel",
-    "flashinfer_cudnn": "FlashInferCudnnNvFp4LinearKernel",
-    "flashinfer_cutedsl": "FlashInferCuteDslNvFp4LinearKernel",
-    "flashinfer_b12x": "FlashInferB12xNvFp4LinearKernel",
-    "b12x": "B12xNvFp4LinearKernel",
-    "marlin": "MarlinNvFp4LinearKernel",
-    "emulation": "EmulationNvFp4LinearKernel",
-}
+# The list vLLM's NVFP4 MoE oracle prints after "out of potential backends:", whatever the
+# device and whether --moe-backend forced the choice: its AVAILABLE_BACKENDS, the same in
+# both modelled releases (fused_moe/oracle/nvfp4.py: 0.29.0 lines 196-205, 0.34.0 lines
+# 238-247; B12X is left out of automatic choice until the SM121 CUTLASS guard is resolved,
+# and prioritize_humming reorders it only on SM90).
+VLLM_MOE_POTENTIAL = ("FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED",
+                      "FLASHINFER_CUTLASS", "VLLM_CUTLASS", "MARLIN", "HUMMING", "EMULATION")
 # Where the engines' Python lives on a node (traceback frames name these files).
 SITE = "/usr/local/lib/python3.12/dist-packages"
 # huggingface_hub's error when a repo id has no local snapshot and HF_HUB_OFFLINE=1
@@ -121,11 +115,14 @@ class EngineFailed(Exception):
 
 
 def loader_for(config: dict[str, Any]) -> str:
-    """mmap (the default), eager, or fastsafetensors, from the normalized configuration."""
+    """mmap (the default), eager, or fastsafetensors, from the normalized configuration.
+    vLLM's `prefetch` strategy reads the checkpoint files into the page cache with threads
+    before the workers load them (vllm/config/load.py): a sequential read at the drive's
+    speed like eager's, not mmap's page faults."""
     serving = config.get("serving", {})
     if serving.get("load_format") == "fastsafetensors":
         return "fastsafetensors"
-    if serving.get("safetensors_load_strategy") == "eager":
+    if serving.get("safetensors_load_strategy") in ("eager", "prefetch"):
         return "eager"
     return "mmap"
 
@@ -516,6 +513,7 @@ class EngineProcess:
         """The launch as the installed release reads it; None (after writing argparse's
         refusal and waiting out the imports) when the release refuses it."""
         from lab.engines import ENGINES, EngineArgError, parse_launch
+        from lab.engines.argv import EngineException, NotReproduced
 
         detected = next((name for name, e in ENGINES.items() if e.invocation(argv) is not None), None)
         if detected is not None:
@@ -532,10 +530,23 @@ class EngineProcess:
             except TypeError:
                 # lab.engines before its `version=` keyword: it parses with its default version.
                 return parse_launch(argv, dict(self.env))
+        except NotReproduced as exc:
+            # Something the release accepts that the simulated lab does not model: said as
+            # the simulator's own words, never as the engine's (intake and the node agent
+            # refuse such a launch before it gets here).
+            self.at(self.started + ARGPARSE_EXIT_S)
+            self.write_raw([f"simulated lab: this launch is not reproduced: {exc.message}"])
+            raise EngineFailed(1) from None
+        except EngineException as exc:
+            # The release's own code refuses it (FlexibleArgumentParser, a configuration
+            # class): a traceback ending in its exception, exit 1, not argparse's exit 2.
+            self.at(self.started + ARGPARSE_EXIT_S)
+            self._fail_at_startup(exc.error_line, _VLLM_API_FRAMES[:2])
         except EngineArgError as exc:
             self.at(self.started + ARGPARSE_EXIT_S)
             self.write_raw(self._argparse_lines(exc))
             return None
+        return None  # unreachable: every refusal above returns or raises
 
     def _argparse_lines(self, exc: Exception) -> list[str]:
         """What argparse prints before exit 2: its usage line, then `<prog>: error: ...`."""
@@ -571,6 +582,8 @@ class EngineProcess:
         for name in self.rel.unknown_vllm_env(self.env):
             self.log(t, self.rel.line("unknown_env_warning", contains="%s"),
                      self.rel.line("unknown_env_warning", contains="%s").pct(name), "WARNING")
+        if self.engine == "sglang" and not fp4.moe:
+            self._sglang_moe_override_line(t)
         proc_end = t + load["proc_start_s"]
         self._phase("process_start", t, proc_end)
         self.at(proc_end)
@@ -659,6 +672,15 @@ class EngineProcess:
         self.at(math.inf)
         return 0
 
+    def _sglang_moe_override_line(self, t: float) -> None:
+        """SGLang 0.5.23 resolves an `auto` MoE runner for modelopt_fp4 on SM110/SM120 (GB10
+        is 12.1) to flashinfer_cutlass while it reads its arguments, and says so
+        (arg_groups/overrides.py) on every node, before any rank meets another; 0.5.12 has
+        no such rule."""
+        found = [x for x in self.rel.lines("moe_runner_backend") if "SM110/SM120" in x.text]
+        if found and self.node.scenario.truth["fp4"]["default_backend"] == "flashinfer_cutlass":
+            self.log(t, found[0], found[0].text, scheduler=False)
+
     # -- 1. what the process reads before it meets anyone ---------------------------------------
     def _model_path(self, config: dict[str, Any]) -> str:
         return str(config.get("model", {}).get("path") or self.node.paths.model_dir)
@@ -729,6 +751,9 @@ class EngineProcess:
         if self.engine == "vllm" and nnodes > 1 and self.rank == 0 and self.rel.has_line("mq_leader"):
             line = self.rel.line("mq_leader")
             self.log(t, line, line.pct(0, 0, parsed.master_addr, self._broadcast_address(), nnodes, 1))
+        if self.engine == "sglang" and self.rel.has_line("dist_init_begin"):
+            begin = self.rel.line("dist_init_begin")
+            self.log(t, begin, begin.text)
         ifname, address = self._interface()
         if "NCCL_SOCKET_IFNAME" in self.process_env:
             chosen = self.process_env["NCCL_SOCKET_IFNAME"]
@@ -756,6 +781,10 @@ class EngineProcess:
         end = release + load["rendezvous_s"]
         self._phase("distributed_init", release, end)
         self.at(end)
+        if self.engine == "sglang" and self.rel.has_line("dist_init_end"):
+            ends = self.rel.line("dist_init_end")
+            self.log(end, ends, ends.fmt({"time.perf_counter() - tic": end - t,
+                                          "before_avail_memory - local_gpu_memory": 0.0}))
         hcas = self.process_env.get("NCCL_IB_HCA") or ",".join(
             str(d["name"]) for d in self.node.hardware.rdma_facts())
         devices = " ".join(f"[{i}]{d.strip().lstrip('=^')}:1/RoCE" for i, d in enumerate(hcas.split(",")))
@@ -782,8 +811,10 @@ class EngineProcess:
     # -- 3. model init ----------------------------------------------------------------------------
     def _model_init(self, t: float, fp4: Fp4Choice) -> float:
         """The model is built and its NVFP4 kernels chosen (LAB_MODEL.md section 6). vLLM
-        logs its MoE choice and linear kernel; SGLang on GB10 logs no backend line. A
-        backend that cannot run NVFP4 here ends the process with the engine's error."""
+        logs its MoE choice and linear kernel here; SGLang logs none here (0.5.23 named its
+        MoE runner while it read its arguments, _sglang_moe_override_line: the package wins
+        over section 6's "no backend line"). A backend that cannot run NVFP4 here ends the
+        process with the engine's error."""
         end = t + MODEL_INIT_S
         self._phase("model_init", t, end)
         self.at(end)
@@ -805,21 +836,23 @@ class EngineProcess:
         moe = fp4.moe_running
         value = VLLM_MOE_VALUES.get(moe, moe.upper())
         if moe in unsupported:
-            quoted = f"'{value}'" if "'{backend.value}'" in rel.line("moe_backend").text else value
-            # vLLM's MoE oracle refusing a backend for the device (oracle/nvfp4.py); the
-            # wording is not in the release tables.
-            self._fail_in_core("ValueError", f"NvFp4 MoE backend {quoted} does not support the deployment "
+            # vLLM's MoE oracle refusing a backend for the device (oracle/nvfp4.py: 0.29.0
+            # _make_log_unsupported, 0.34.0 make_log_unsupported in oracle/base.py, both
+            # quoting the name); the wording is not in the release tables.
+            self._fail_in_core("ValueError", f"NvFp4 MoE backend '{value}' does not support the deployment "
                                "configuration since kernel does not support current device.",
                                frames=_VLLM_INIT_FRAMES)
-        candidates = [moe] if fp4.moe else [c for c in VLLM_MOE_CANDIDATES if c not in unsupported]
-        available = [VLLM_MOE_VALUES.get(c, c.upper()) for c in candidates]
+        available = list(VLLM_MOE_POTENTIAL)
         line = rel.line("moe_backend")
         values = {"backend.value": value, "available_backend_strs": available, "self.name": "NvFp4",
                   "lora": "", "available": f" out of potential backends: {available}"}
         self.log(t, line, line.fmt(values))
         linear = fp4.linear_running
-        kernel = VLLM_LINEAR_KERNELS.get(linear, "".join(p.capitalize() for p in linear.split("_"))
-                                         + "NvFp4LinearKernel")
+        # The kernel class the release's choice covers (its table's nvfp4_linear_kernels,
+        # from _LINEAR_BACKEND_KERNEL_MAP; the W4A16 variants are not the NVFP4 GEMM's).
+        covered = rel.table.get("nvfp4_linear_kernels") or {}
+        kernel = next((k for k, c in covered.items() if c == linear and "W4A16" not in k),
+                      "".join(p.capitalize() for p in linear.split("_")) + "NvFp4LinearKernel")
         if linear in unsupported:
             # vLLM's linear kernel selection finding none (kernels/linear/__init__.py); the
             # wording is not in the release tables.
@@ -870,12 +903,19 @@ class EngineProcess:
             self.log(t, begin, begin.fmt({"get_available_gpu_memory(self.device, self.gpu_id)": free}))
             self.at(end)
         else:
-            shards = self.rel.line("shard_progress", contains="safetensors")
-            self.log(t, shards, logfmt.shard_progress(shards.text, 0, SHARDS, 0.0))
-            for i in range(SHARDS):
-                done_at = t + shard_done(i)
-                self.at(done_at)
-                self.log(done_at, shards, logfmt.shard_progress(shards.text, i + 1, SHARDS, done_at - t))
+            # Every rank's model runner says it starts (gpu/model_runner.py, info_once); only
+            # rank 0 draws the shards' progress bar (model_loader/weight_utils.py
+            # enable_tqdm: the first rank of the world): on the other nodes the weights are
+            # minutes of silence, told apart by telemetry alone.
+            start = self.rel.line("load_model_begin", file="gpu/model_runner.py")
+            self.log(t, start, start.text)
+            if self.rank == 0:
+                shards = self.rel.line("shard_progress", contains="safetensors")
+                self.log(t, shards, logfmt.shard_progress(shards.text, 0, SHARDS, 0.0))
+                for i in range(SHARDS):
+                    done_at = t + shard_done(i)
+                    self.at(done_at)
+                    self.log(done_at, shards, logfmt.shard_progress(shards.text, i + 1, SHARDS, done_at - t))
             self.at(end)
         self.node.hardware.finish_load(end, weights)
         if self.engine == "sglang":

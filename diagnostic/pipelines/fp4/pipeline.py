@@ -295,13 +295,16 @@ def _lead(first: Mapping[str, Any], second: Mapping[str, Any]) -> str:
 
 
 def _as_fast(fastest: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
-    """Whether `other` is as fast as `fastest` by the short measurement: on no workload does
-    the 95 % interval of its difference (Welch) show it slower by more than NO_COST_PCT %,
-    the cost the stage's stop rule already treats as none. A lead the measurement cannot
-    resolve is no lead; rates that cannot be compared are not as fast."""
+    """Whether `other` ties with `fastest` by the short measurement: on every workload the
+    95 % interval of its difference (Welch) either reaches zero (the measurement cannot say
+    it is slower) or lies wholly above -NO_COST_PCT % (whatever it costs is below the cost
+    the stage's stop rule treats as none). A backend measurably slower by an amount that may
+    exceed that (marlin at -9.7 % [-17.2, -2.1]) is slower, not tied; rates that cannot be
+    compared are not as fast."""
     cost = _speed_cost(fastest.get("rate"), other.get("rate"))
     return bool(cost) and all(
-        c["diff_pct_ci95"] is not None and c["diff_pct_ci95"][1] >= -NO_COST_PCT
+        c["diff_pct_ci95"] is not None
+        and (c["diff_pct_ci95"][1] >= 0.0 or c["diff_pct_ci95"][0] >= -NO_COST_PCT)
         for c in (cost or {}).values())
 
 
@@ -336,8 +339,9 @@ def choose(correct: list[dict[str, Any]], order: list[str], notes: list[str]) ->
     parts = [f"{w} {c['diff_pct']:+.1f} % [{c['diff_pct_ci95'][0]:+.1f}, {c['diff_pct_ci95'][1]:+.1f}]"
              for w, c in (_speed_cost(fastest.get("rate"), chosen.get("rate")) or {}).items()]
     notes.append(
-        f"{chosen['backend']} is as fast as {fastest['backend']} by the measurement: no interval shows it "
-        f"slower by more than {NO_COST_PCT:g} % ({'; '.join(parts)}); between equally fast correct backends "
+        f"{chosen['backend']} ties with {fastest['backend']} by the measurement: no interval shows it "
+        f"slower, or any cost it shows stays below {NO_COST_PCT:g} % ({'; '.join(parts)}); between tied "
+        "correct backends "
         f"the one the version's default rule prefers is chosen ({' > '.join(order)})")
     return chosen
 
@@ -468,14 +472,23 @@ def run_fp4(
     progress(2, "reading the FP4 backend the engine chose")
     cc = stage.compute_capability()
     first = stage.serving_backends()
-    events = first["events"] or ran_by_rule(stage.engine, stage.version, stage.config, cc)
+    # What the log names, and for the layers it does not (SGLang 0.5.23 names its MoE runner
+    # while it reads its arguments and no linear backend; 0.5.12 names neither) the flags
+    # and the version's default rule.
+    logged = list(first["events"])
+    named = {e.get("layer") or "moe" for e in logged}
+    by_rule = [e for e in ran_by_rule(stage.engine, stage.version, stage.config, cc)
+               if e["layer"] not in named]
+    events = logged + by_rule
     first["events"] = events
-    if events and events[0].get("source") == "flags":
+    if by_rule:
+        what = ", ".join(f"{e['layer']} {e['backend']}" for e in by_rule)
         stage.notes.append(
-            f"{stage.engine} {stage.version} logs no FP4 backend line on this device: the backend that ran "
-            "is known from the flags and the version's default rule ("
-            + ", ".join(f"{e['layer']} {e['backend']}" for e in events) + ")"
-        )
+            (f"{stage.engine} {stage.version} logs no FP4 backend line on this device: the backend that "
+             f"ran is known from the flags and the version's default rule ({what})") if not logged else
+            (f"{stage.engine} {stage.version}'s log names the "
+             + ", ".join(f"{e.get('layer') or 'moe'} backend" for e in logged)
+             + f"; the rest is known from the flags and the version's default rule ({what})"))
     elif not events:
         stage.notes.append(
             "the engine log names no FP4 backend and the dispatch table has no default rule for this "

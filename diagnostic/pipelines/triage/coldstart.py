@@ -145,7 +145,8 @@ def build(run: str, config: dict[str, Any], engine: str, *, cold_start_s: float,
         # The process started by `started_at` at the latest (the last rank's start): the
         # timeline begins there, for the engines log nothing until the ranks have met.
         timeline = read_segment(node, engine, logs.get(node, ""), launched_near=near,
-                                until=ready_at - offset + 1.0, started=started_at - offset)
+                                until=ready_at - offset + 1.0, started=started_at - offset,
+                                version=(config.get("engine") or {}).get("version"))
         if timeline is None:
             missing.append(node)
         else:

@@ -16,8 +16,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 
 from lab.engines import parse_log
+from lab.engines.lines import line_pattern
 from lab.engines.logs import read_line
 
 SILENCE_S = 60.0
@@ -30,42 +32,51 @@ ZONE_STEP_S = 900.0
 PHASES = ("process_start", "distributed_init", "model_init", "weights_load", "kernel_jit", "kv_cache",
           "graph_capture", "api_ready")
 
-# The line that ends each phase, in the released versions' words (the format strings of
-# lab/engines/releases/*.json: vLLM 0.29/0.34, SGLang 0.5.12/0.5.23). A phase whose line
-# a version does not write (SGLang logs no compile line) is left out of the timeline.
-_PHASE_ENDS: dict[str, re.Pattern[str]] = {
-    # The rendezvous begins, where a line says so: SGLang's "Init torch distributed
-    # begin.", vLLM's "world_size=%d rank=%d ... distributed_init_method=" (DEBUG level).
-    # Where none does (the modelled releases' tables quote no such line, and a vLLM at
-    # INFO writes nothing stamped from its start-up lines to model init), the timeline
-    # begins at the launch (read_segment's `started`) and distributed_init spans the
-    # process start as well.
-    "process_start": re.compile(r"distributed_init_method=|Init torch distributed begin"),
-    # The ranks have met: the first line after the rendezvous (NCCL's own version line
-    # only with NCCL_DEBUG=INFO, so any of the engine's next lines ends it).
-    "distributed_init": re.compile(
-        r"rank \d+ in world size|vLLM is using nccl|Init torch distributed ends|NCCL version|"
-        r"MoE .*backend|for NVFP4 GEMM|Starting to load model|Load weight begin|"
-        r"Loading \S+ checkpoint shards"),
+# The lines that end each phase, by their keys in the release tables
+# (lab/engines/releases/<engine>-<version>.json `lines`, the format strings the packages
+# write them with): patterns are built from the version's own strings, so a line one
+# release writes and another does not (SGLang 0.5.12's "Init torch distributed begin.",
+# 0.5.23's "Init parallel begin.") ends a phase only where it is written. A phase whose
+# line a version does not write (SGLang logs no compile line) is left out of the timeline.
+PHASE_END_LINES: dict[str, tuple[str, ...]] = {
+    # The rendezvous begins, where a line says so (SGLang). vLLM at INFO writes no stamped
+    # line of its own from its start to model init: the timeline begins at the launch
+    # (read_segment's `started`) and distributed_init spans the process start as well.
+    "process_start": ("dist_init_begin",),
+    # The ranks have met: SGLang says so; vLLM's next lines are model init's (the kernels
+    # chosen) or the weights'. SGLang 0.5.23's MoE runner line is not among them: it is
+    # written while the arguments are read, before any rank meets another.
+    "distributed_init": ("dist_init_end", "moe_backend", "nvfp4_linear_kernel", "marlin_fp4",
+                         "load_model_begin", "load_weight_begin", "shard_progress"),
     # Model init ends where the weights start to be read.
-    "model_init": re.compile(r"Starting to load model|Load weight begin|Loading \S+ checkpoint shards"),
-    "weights_load": re.compile(r"Loading weights took|Model loading took|Load weight end"),
-    "kernel_jit": re.compile(r"torch\.compile (?:took|takes)|Directly load the compiled graph"),
-    "kv_cache": re.compile(r"KV cache size: |Maximum concurrency for|KV Cache is allocated|"
-                           r"KV cache allocated\.|Memory pool end"),
-    "graph_capture": re.compile(r"Graph capturing finished|[Cc]apture .*(?:cuda|CUDA) graph end"),
-    "api_ready": re.compile(r"Starting vLLM server on|The server is fired up|"
-                            r"Uvicorn running on"),
+    "model_init": ("load_model_begin", "load_weight_begin", "shard_progress"),
+    "weights_load": ("weights_loaded", "model_loading", "load_weight_end"),
+    "kernel_jit": ("torch_compile", "compile_cache_hit"),
+    "kv_cache": ("kv_cache_size", "kv_cache_allocated", "memory_pool_end"),
+    "graph_capture": ("graph_capture", "cuda_graph_capture_end"),
+    "api_ready": ("api_server_start", "server_ready"),
 }
-# NCCL's words (with NCCL_DEBUG=INFO only) for a bootstrap connect that keeps failing:
-# "... retrying (n/m) ..." in current releases, "Call to connect returned ..., retrying"
-# in older ones.
-_BOOTSTRAP_RETRY = re.compile(r"\bretrying \(\d+/\d+\)|Call to connect returned .*, retrying")
 # The first lines after the rendezvous that only model init or the weights write.
-_MODEL_OR_WEIGHTS = re.compile(r"MoE .*backend|for NVFP4 GEMM|Starting to load model|Load weight begin|"
-                               r"Loading \S+ checkpoint shards|Loading weights took|Load weight end")
+MODEL_OR_WEIGHTS_LINES = ("moe_backend", "nvfp4_linear_kernel", "marlin_fp4", "load_model_begin",
+                          "load_weight_begin", "shard_progress", "weights_loaded", "load_weight_end")
+# NCCL's words (with NCCL_DEBUG=INFO only; NCCL is not the engine, and its lines are in no
+# release table) for a bootstrap connect that keeps failing: "... retrying (n/m) ..." in
+# current releases, "Call to connect returned ..., retrying" in older ones.
+_BOOTSTRAP_RETRY = re.compile(r"\bretrying \(\d+/\d+\)|Call to connect returned .*, retrying")
 # A line NCCL writes only when NCCL_DEBUG=INFO is set.
 _NCCL_INFO = re.compile(r"\bNCCL INFO\b")
+
+
+@cache
+def phase_ends(engine: str, version: str | None) -> dict[str, re.Pattern[str]]:
+    """Each phase's ending lines as `engine` `version` writes them (every modelled version's
+    when None)."""
+    return {phase: line_pattern(engine, keys, version) for phase, keys in PHASE_END_LINES.items()}
+
+
+@cache
+def model_or_weights(engine: str, version: str | None) -> re.Pattern[str]:
+    return line_pattern(engine, MODEL_OR_WEIGHTS_LINES, version)
 
 
 def _is_leap(year: int) -> bool:
@@ -115,6 +126,8 @@ class NodeTimeline:
     stalls: list[Stall] = field(default_factory=list)
     zone_offset_s: float = 0.0
     lab_offset_s: float = 0.0  # lab time = node clock + this (the session's start correction)
+    engine: str = "vllm"
+    version: str | None = None  # the release that wrote the log (None: any modelled one)
 
     def phase_end(self, name: str) -> float | None:
         return next((end for n, _, end in self.phases if n == name), None)
@@ -126,8 +139,9 @@ class NodeTimeline:
     def first_weights_line(self) -> float | None:
         """When the node wrote its first model-init or weights line (node clock): a
         rendezvous, which comes before both, has ended by then. None when it wrote none."""
+        pattern = model_or_weights(self.engine, self.version)
         for line in self.lines:
-            if line.epoch is not None and _MODEL_OR_WEIGHTS.search(line.message):
+            if line.epoch is not None and pattern.search(line.message):
                 return line.epoch
         return None
 
@@ -145,11 +159,12 @@ class NodeTimeline:
 
 
 def read_segment(node: str, engine: str, text: str, *, launched_near: float,
-                 until: float | None = None, started: float | None = None) -> NodeTimeline | None:
+                 until: float | None = None, started: float | None = None,
+                 version: str | None = None) -> NodeTimeline | None:
     """The timeline of the launch made at `launched_near` (node clock, no later than the
     engine's first line), from a node's engine log (`text` may hold earlier launches and
     later serving lines: only lines stamped from then on, and up to `until` when given, are
-    this start's).
+    this start's). `version`: the release that wrote it, whose lines end its phases.
 
     `started`: when the process was started (node clock), as the launch itself reported
     it. The timeline begins there when the log's first stamped line comes later: the
@@ -193,7 +208,7 @@ def read_segment(node: str, engine: str, text: str, *, launched_near: float,
     if first is None:
         return None
     t0 = first if started is None else min(first, started)
-    timeline = NodeTimeline(node, t0, lines, zone_offset_s=zone)
+    timeline = NodeTimeline(node, t0, lines, zone_offset_s=zone, engine=engine, version=version)
     timeline.phases = _phases(timeline)
     timeline.stalls = _stalls(timeline, engine)
     return timeline
@@ -205,8 +220,9 @@ def _phases(timeline: NodeTimeline) -> list[tuple[str, float, float]]:
     start = timeline.t0
     cursor = 0
     stamped = [(i, ln) for i, ln in enumerate(timeline.lines) if ln.epoch is not None]
+    ends = phase_ends(timeline.engine, timeline.version)
     for name in PHASES:
-        pattern = _PHASE_ENDS[name]
+        pattern = ends[name]
         hit = next(((i, ln) for i, ln in stamped if i >= cursor and pattern.search(ln.message)), None)
         if hit is None:
             continue

@@ -35,15 +35,13 @@ def vllm_line(t: float, message: str) -> str:
 
 def log_of_a_start(t0: float) -> list[str]:
     """A vLLM 0.34 start in the real order (LAB_MODEL.md section 5), its lines from the
-    release table's format strings: the ranks meet right after the process starts, then
-    model init logs its backends, then the weights, compile, KV cache, graphs, API."""
+    release table's format strings: the ranks meet right after the process starts (at INFO
+    vLLM writes nothing of its own until model init), then model init logs its backends,
+    then the weights (the shards' bar is rank 0's), compile, KV cache, graphs, API."""
     lines = [vllm_line(t0, "Automatically detected platform cuda."),
-             vllm_line(t0 + 19, "world_size=2 rank=0 local_rank=0 distributed_init_method=tcp://x "
-                                "backend=nccl"),
-             vllm_line(t0 + 27, "rank 0 in world size 2 is assigned as DP rank 0, PP rank 0, TP rank 0"),
              vllm_line(t0 + 28, "Using FLASHINFER_CUTLASS NvFp4 MoE backend out of potential backends: "
                                 "[FLASHINFER_CUTLASS, CUTLASS, MARLIN]."),
-             vllm_line(t0 + 29, "Starting to load model /models/m...")]
+             vllm_line(t0 + 29, "Loading model from scratch...")]
     shards = [(t0 + 30, 0), (t0 + 30, 8), (t0 + 85, 24), (t0 + 140, 40), (t0 + 195, 64)]
     lines += [vllm_line(t, f"Loading safetensors checkpoint shards: {100 * d // 64}% Completed | "
                            f"{d}/64 [00:01<00:02,  3.88s/it]") for t, d in shards]
@@ -51,7 +49,7 @@ def log_of_a_start(t0: float) -> list[str]:
               vllm_line(t0 + 195, "Using cache directory: /c for vLLM's torch.compile"),
               vllm_line(t0 + 345, "torch.compile took 150.00 s in total"),
               vllm_line(t0 + 350, "Available KV cache memory: 20.5 GiB"),
-              vllm_line(t0 + 360, "GPU KV cache size: 1,000 tokens, Maximum concurrency for 1000 tokens "
+              vllm_line(t0 + 360, "GPU KV cache size: 1,000 tokens, Maximum concurrency for 1,000 tokens "
                                   "per request: 1.00x"),
               vllm_line(t0 + 435, "Graph capturing finished in 75 secs, took 0.52 GiB"),
               vllm_line(t0 + 440, "Starting vLLM server on http://0.0.0.0:8000")]
@@ -63,10 +61,10 @@ def test_phases_and_stalls_of_one_start_among_others() -> None:
     earlier = log_of_a_start(t0 - 3600)
     serving = vllm_line(t0 + 900, "Engine 000: Avg prompt throughput")
     text = "\n".join([*earlier, *log_of_a_start(t0), serving])
-    timeline = read_segment("n1", "vllm", text, launched_near=t0 - 1, until=t0 + 442)
+    timeline = read_segment("n1", "vllm", text, launched_near=t0 - 1, until=t0 + 442, version="0.34.0")
     assert timeline is not None and timeline.t0 == t0
     assert [(name, a - t0, b - t0) for name, a, b in timeline.phases] == [
-        ("process_start", 0, 19), ("distributed_init", 19, 27), ("model_init", 27, 29),
+        ("distributed_init", 0, 28), ("model_init", 28, 29),
         ("weights_load", 29, 195), ("kernel_jit", 195, 345), ("kv_cache", 345, 360),
         ("graph_capture", 360, 435), ("api_ready", 435, 440)]
     assert [(s.start - t0, s.end - t0, s.kinds) for s in timeline.stalls] == [
@@ -75,31 +73,67 @@ def test_phases_and_stalls_of_one_start_among_others() -> None:
     assert timeline.nccl_lines() == 0
 
 
+def test_a_worker_without_the_shards_bar_still_closes_its_weights_phase() -> None:
+    # Only rank 0 draws tqdm's bar (model_loader/weight_utils.py enable_tqdm): a worker's
+    # weights are a silence between the runner's start line and "Loading weights took".
+    t0 = epoch(2026, 12, 3, 10, 0, 0)
+    lines = [x for x in log_of_a_start(t0) if "checkpoint shards" not in x]
+    timeline = read_segment("n2", "vllm", "\n".join(lines), launched_near=t0 - 1, version="0.34.0")
+    assert timeline is not None
+    assert ("weights_load", t0 + 29, t0 + 195) in timeline.phases
+    assert (29, 195, ["silence"]) in [(s.start - t0, s.end - t0, s.kinds) for s in timeline.stalls]
+
+
+def test_a_line_another_release_writes_does_not_end_a_phase() -> None:
+    # 0.29.0's model runner said "Starting to load model %s..."; 0.34.0's does not.
+    t0 = epoch(2026, 12, 3, 10, 0, 0)
+    lines = [vllm_line(t0, "Automatically detected platform cuda."),
+             vllm_line(t0 + 28, "Starting to load model /models/m..."),
+             vllm_line(t0 + 200, "Loading weights took 170.00 seconds")]
+    old = read_segment("n1", "vllm", "\n".join(lines), launched_near=t0 - 1, version="0.29.0")
+    new = read_segment("n1", "vllm", "\n".join(lines), launched_near=t0 - 1, version="0.34.0")
+    assert old is not None and new is not None
+    assert ("model_init", t0 + 28, t0 + 28) not in new.phases
+    assert [name for name, _, _ in old.phases][:2] == ["distributed_init", "model_init"]
+    assert [name for name, _, _ in new.phases] == ["weights_load"]
+
+
 def sglang_line(t: float, message: str) -> str:
     return f"[{datetime.fromtimestamp(t, UTC).strftime('%Y-%m-%d %H:%M:%S')} TP0] {message}"
 
 
-def test_an_sglang_start_with_a_rendezvous_stall_and_no_nccl_lines() -> None:
-    """SGLang 0.5.23's lines (no compile line, `CUDA graph` capitalised), a 70 s silence
-    between the process start and the first weights line, and no NCCL line: NCCL writes
-    none without NCCL_DEBUG=INFO."""
+@pytest.mark.parametrize(("version", "begin", "ends", "captured"), [
+    ("0.5.12", "Init torch distributed begin.",
+     "Init torch distributed ends. elapsed=78.00 s, mem usage=0.00 GB",
+     "Capture piecewise CUDA graph end. Time elapsed: 20.00 s. mem usage=0.50 GB. avail mem=9.50 GB."),
+    ("0.5.23", "Init parallel begin.", "Init parallel ends. elapsed=78.00 s",
+     "Capture decode CUDA graph end. elapsed=20.00 s, mem usage=0.50 GB, avail mem=9.50 GB."),
+])
+def test_an_sglang_start_with_a_rendezvous_stall_and_no_nccl_lines(version: str, begin: str,
+                                                                    ends: str, captured: str) -> None:
+    """SGLang's lines (no compile line, `CUDA graph` capitalised), each version's own words
+    for the rendezvous, a 78 s silence in it, and no NCCL line: NCCL writes none without
+    NCCL_DEBUG=INFO. 0.5.23's MoE runner line comes while the arguments are read, before
+    the rendezvous: it ends no phase."""
     t0 = epoch(2026, 12, 3, 10, 0, 0)
     lines = [sglang_line(t0, "server_args=ServerArgs(model_path='/models/m')"),
-             sglang_line(t0 + 20, "Init torch distributed begin."),
-             sglang_line(t0 + 98, "Init torch distributed ends. mem usage=0.00 GB"),
+             sglang_line(t0 + 1, "Use flashinfer_cutlass as MoE runner backend on SM110/SM120 for "
+                                 "modelopt_fp4 (trtllm-gen MoE kernels are SM100-only)"),
+             sglang_line(t0 + 20, begin),
+             sglang_line(t0 + 98, ends),
              sglang_line(t0 + 100, "Load weight begin. avail mem=110.00 GB"),
              sglang_line(t0 + 130, "Load weight end. elapsed=30.00 s, type=DeepseekV3ForCausalLM, "
                                    "avail mem=50.00 GB, mem usage=60.00 GB."),
              sglang_line(t0 + 150, "Memory pool end. avail mem=10.00 GB"),
-             sglang_line(t0 + 170, "Capture decode CUDA graph end. elapsed=20.00 s, mem usage=0.50 GB, "
-                                   "avail mem=9.50 GB."),
+             sglang_line(t0 + 170, captured),
              sglang_line(t0 + 175, "The server is fired up and ready to roll!")]
-    timeline = read_segment("n1", "sglang", "\n".join(lines), launched_near=t0 - 1)
+    timeline = read_segment("n1", "sglang", "\n".join(lines), launched_near=t0 - 1, version=version)
     assert timeline is not None
-    assert [(name, a - t0, b - t0) for name, a, b in timeline.phases] == [
-        ("process_start", 0, 20), ("distributed_init", 20, 98), ("model_init", 98, 100),
-        ("weights_load", 100, 130), ("kv_cache", 130, 150), ("graph_capture", 150, 170),
-        ("api_ready", 170, 175)]
+    phases = [(name, a - t0, b - t0) for name, a, b in timeline.phases]
+    assert phases[:3] == [("process_start", 0, 20), ("distributed_init", 20, 98),
+                          ("model_init", 98, 100)]
+    assert phases[3:] == [("weights_load", 100, 130), ("kv_cache", 130, 150),
+                          ("graph_capture", 150, 170), ("api_ready", 170, 175)]
     assert [(s.start - t0, s.end - t0) for s in timeline.stalls] == [(20, 98)]
     first = timeline.first_weights_line()
     assert first is not None and timeline.stalls[0].end <= first

@@ -1004,12 +1004,18 @@ def nvfp4_linear_kernels(trees: Mapping[str, ast.Module]) -> dict[str, str] | No
     if tree is None:
         return None
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-        if not (isinstance(target, ast.Name) and target.id == name and isinstance(node.value, ast.Dict)):
+        target: ast.expr
+        literal: ast.expr | None
+        if isinstance(node, ast.AnnAssign):
+            target, literal = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, literal = node.targets[0], node.value
+        else:
+            continue
+        if not (isinstance(target, ast.Name) and target.id == name and isinstance(literal, ast.Dict)):
             continue
         out: dict[str, str] = {}
-        for key, value in zip(node.value.keys, node.value.values, strict=True):
+        for key, value in zip(literal.keys, literal.values, strict=True):
             if not (isinstance(key, ast.Constant) and isinstance(value, (ast.Set, ast.List, ast.Tuple))):
                 continue
             for element in value.elts:

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # triton is a --moe-backend value vLLM 0.34.0 accepts (its release table's choices) whose
 # NVFP4 MoE kernel cannot run on GB10 (sm_121): its MoE oracle refuses it at model init, in
 # the core process, and names the backend as 0.34.0 logs it (upper case, no quotes).
-ENGINE_ERROR = ("ValueError: NvFp4 MoE backend TRITON does not support the deployment configuration "
+ENGINE_ERROR = ("ValueError: NvFp4 MoE backend 'TRITON' does not support the deployment configuration "
                 "since kernel does not support current device.")
 
 

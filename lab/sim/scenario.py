@@ -520,6 +520,15 @@ def _truth(value: Any, node: dict[str, Any], node_names: list[str]) -> dict[str,
                      {"draft_ms": _number_table, "acceptance": _acceptance})
     server_counts = _string(table.get("server_counts", "emitted"), "truth.server_counts",
                             SERVER_COUNTS)
+    if server_counts != "emitted":
+        # The modelled releases count honestly: vLLM adds each step's new tokens
+        # (len(new_token_ids): the accepted drafts and the bonus token, v1/metrics/stats.py)
+        # over the interval's wall time; SGLang counts accepted drafts plus one per step
+        # (managers/utils.py). Every scenario runs a modelled release (LAB_MODEL.md section 4).
+        raise _fail("truth.server_counts", server_counts,
+                    "emitted: the modelled releases count the tokens each step emits over the "
+                    "interval's wall time; proposed and emitted_busy describe foreign endpoints, "
+                    "which no scenario serves")
     faults = _faults(table.get("faults"), "truth.faults", node_names)
     return {"load": load, "fp4": fp4, "decode": decode, "specdec": specdec,
             "server_counts": server_counts, "faults": faults}

@@ -3,8 +3,8 @@
 `EngineCore` turns an admitted request into a reply (lab/sim/text.py) and a step
 schedule (lab/sim/physics.py), paces the steps on the wall clock at `dilation` times
 lab speed on absolute deadlines, and keeps the server's own accounting the way
-LAB_MODEL.md section 4 says the engine counts: the periodic stats log lines and the
-Prometheus counters, both following the scenario's `server_counts`. lab/sim/http.py
+LAB_MODEL.md section 4 says the modelled releases count: the periodic stats log lines
+and the Prometheus counters, both counting the tokens each step emits. lab/sim/http.py
 puts the OpenAI-compatible API in front of it.
 
 Nothing here reaches a client except through the API's ordinary fields, the log and
@@ -116,13 +116,12 @@ class _Window:
     """Counts over one stats interval, reset at each log line."""
 
     prompt: int = 0
-    generation: int = 0  # per server_counts
+    generation: int = 0  # tokens the steps emitted
     decode_steps: int = 0  # steps after prefill
     drafts: int = 0  # verification steps that carried drafts
     drafted: int = 0
     accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
-    busy_wall_s: float = 0.0
 
 
 @dataclass
@@ -196,7 +195,6 @@ class EngineCore:
 
         truth = scenario.truth
         self.decode = truth["decode"]
-        self.server_counts = str(truth["server_counts"])
         self.log_interval_s = float(scenario.serving["log_interval_s"])
         self.abort_on_disconnect = bool(scenario.serving["abort_on_disconnect"])
         tp, pp = int(config["parallel"]["tp"]), int(config["parallel"]["pp"])
@@ -247,7 +245,6 @@ class EngineCore:
         self._active: dict[int, RequestRecord] = {}
         self._window = _Window(accepted_per_pos=[0] * self.k)
         self._totals = _Totals(accepted_per_pos=[0] * self.k)
-        self._busy_since: float | None = None
         self._decode = _DecodeWindow(since=time.monotonic())
         # SGLang's scheduler gauges, set when it logs a decode batch.
         self._gauges = {"gen_throughput": 0.0, "spec_accept_length": 0.0, "spec_accept_rate": 0.0}
@@ -390,16 +387,11 @@ class EngineCore:
 
     def _enter(self, record: RequestRecord) -> None:
         with self._lock:
-            if not self._active:
-                self._busy_since = time.monotonic()
             self._active[record.index] = record
 
     def _leave(self, record: RequestRecord, outcome: str) -> None:
         with self._lock:
             self._active.pop(record.index, None)
-            if not self._active and self._busy_since is not None:
-                self._window.busy_wall_s += time.monotonic() - self._busy_since
-                self._busy_since = None
             record.outcome = outcome
             if outcome in ("finished", "orphaned"):
                 self._totals.finished[record.reply.finish_reason] += 1
@@ -407,13 +399,10 @@ class EngineCore:
                 self._totals.finished["abort"] += 1
 
     def _account(self, record: RequestRecord, index: int, step: Step) -> None:
+        # Counted as the modelled releases count: the tokens the step emitted (the accepted
+        # drafts and the bonus token), never the positions it proposed.
         counted = step.emitted
-        if index == 0:
-            prompt = record.prompt_tokens
-        else:
-            prompt = 0
-            if self.server_counts == "proposed":
-                counted = step.drafted + 1
+        prompt = record.prompt_tokens if index == 0 else 0
         decode_line = False
         with self._lock:
             record.generated += step.emitted
@@ -477,15 +466,10 @@ class EngineCore:
         release's format strings (vllm/v1/metrics/loggers.py, spec_decode/metrics.py)."""
         with self._lock:
             window = self._window
-            if self._busy_since is not None:
-                now = time.monotonic()
-                window.busy_wall_s += now - self._busy_since
-                self._busy_since = now
             self._window = _Window(accepted_per_pos=[0] * self.k)
             running = len(self._active)
-        busy_lab_s = window.busy_wall_s * self.clock.dilation
-        seconds = busy_lab_s if self.server_counts == "emitted_busy" else elapsed_lab_s
-        gen_tps = window.generation / seconds if seconds > 0 else 0.0
+        # The releases divide by the interval's wall time, busy or not.
+        gen_tps = window.generation / elapsed_lab_s if elapsed_lab_s > 0 else 0.0
         prompt_tps = window.prompt / elapsed_lab_s if elapsed_lab_s > 0 else 0.0
         kv_fraction = self._kv_fraction()
         rel = self.release

@@ -237,6 +237,23 @@ def _cause_records(measurement: Mapping[str, Any], workloads: Sequence[str]) -> 
     return out
 
 
+# A server figure within this fraction of the delivered rate agrees with it (the measure
+# stage's tolerance for a cause's predicted ratio, diagnostic.pipelines.measure.claim).
+AGREES_WITHIN = 0.05
+
+
+def _claim_ratios(measurement: Mapping[str, Any], workloads: Sequence[str]) -> dict[str, float]:
+    """Server claim / delivered per workload, where both were measured."""
+    claimed = measurement.get("server_claimed_tps") or {}
+    out: dict[str, float] = {}
+    for w in workloads:
+        claim = as_number(claimed.get(w)) if isinstance(claimed, Mapping) else None
+        delivered = as_number((measurement.get(w) or {}).get("mean_tps"))
+        if claim is not None and delivered:
+            out[w] = claim / delivered
+    return out
+
+
 def _ratio_cell(value: Any) -> str:
     number = as_number(value)
     return fig.ratio(number) if number is not None else ""
@@ -250,7 +267,16 @@ def _reconciliation_blocks(measurement: Mapping[str, Any], workloads: Sequence[s
     described = cause_descriptions(measurement)
     blocks = []
     if not causes:
-        blocks.append(Block("paragraph", "No known cause was found to explain the difference."))
+        ratios = _claim_ratios(measurement, workloads)
+        if ratios and all(abs(r - 1.0) <= AGREES_WITHIN for r in ratios.values()):
+            listed = ", ".join(f"{w} {fig.ratio(r)}" for w, r in ratios.items())
+            blocks.append(Block("paragraph", (
+                f"The server's figure agrees with what the client received (claimed / delivered: {listed}, "
+                f"within {AGREES_WITHIN:.0%}): the engine counts the tokens each step delivers, and these "
+                "requests ran one at a time. Read at a higher load, the same figure sums every running "
+                "request, which no single user receives.")))
+        else:
+            blocks.append(Block("paragraph", "No known cause was found to explain the difference."))
     for cause in causes:
         blocks.append(Block("paragraph", f"{cause}: {describe_cause(described, cause)}"))
         shown = [w for w in workloads if (records[w].get(cause) or {}).get("explains_ratio")]

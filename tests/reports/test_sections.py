@@ -3,6 +3,7 @@ pipeline's verdicts and the measure stage's words for each cause, never their ow
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from reports import figures as fig
@@ -131,3 +132,19 @@ def test_the_acceptance_models_curves_are_drawn_and_said_when_the_search_followe
     trials = [{**t, "stage": t.get("phase", "screen")} for t in spec["trials"] if t.get("ci95")]
     svg = plots.specdec_sweep(trials, customer=("eagle3", 4), best={}, scope="t", predicted=curves)
     assert "acceptance model" in svg
+
+
+def test_a_server_figure_that_agrees_with_delivery_is_said_to_agree(findings: dict[str, Any]) -> None:
+    # The modelled releases count honestly: one request at a time the engine's figure is
+    # what the client received, and the report says so rather than look for a cause.
+    document = copy.deepcopy(findings)
+    measurement = document["measurement"]
+    measurement["reconciliation"] = []
+    for workload in ("code", "prose"):
+        measurement["server_claimed_tps"][workload] = measurement[workload]["mean_tps"] * 1.01
+    paragraphs = _throughput_paragraphs(document)
+    assert any(p.startswith("The server's figure agrees with what the client received (claimed / "
+                            "delivered: code 1.01×, prose 1.01×, within 5%)") for p in paragraphs), paragraphs
+    assert "No known cause was found to explain the difference." not in paragraphs
+    measurement["server_claimed_tps"]["code"] = measurement["code"]["mean_tps"] * 1.3
+    assert "No known cause was found to explain the difference." in _throughput_paragraphs(document)

@@ -2,7 +2,7 @@
 
 `sim_endpoint` brings up lab.sim.http.ServingEngine for the reference scenario and the
 reference customer configuration, with the knobs the measurement cares about
-(dilation, speculation, how the server counts, whether it sees disconnects, noise),
+(dilation, speculation, whether it sees disconnects, noise),
 and hands back what a lab session would: the URL, the lab clock, the log and the
 tokenizer. `expected_rate` is LAB_MODEL's formula for the same settings.
 """
@@ -41,7 +41,6 @@ def tokenizer_cache() -> Path:
 def scenario(
     *,
     dilation: float,
-    server_counts: str = "proposed",
     abort_on_disconnect: bool = True,
     run_sigma: float | None = None,
     step_sigma: float | None = None,
@@ -51,7 +50,6 @@ def scenario(
     data = yaml.safe_load(SCENARIO.read_text())
     data["dilation"] = dilation
     data["seed"] = seed
-    data["truth"]["server_counts"] = server_counts
     if run_sigma is not None:
         data["truth"]["decode"]["run_sigma"] = run_sigma
     if step_sigma is not None:
@@ -161,11 +159,10 @@ def main() -> None:
     parser.add_argument("--dilation", type=float, required=True)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--server-counts", default="proposed")
     parser.add_argument("--quiet", action="store_true", help="run_sigma and step_sigma 0")
     parser.add_argument("--seconds", type=float, default=600.0)
     args = parser.parse_args()
-    knobs: dict[str, Any] = {"seed": args.seed, "server_counts": args.server_counts}
+    knobs: dict[str, Any] = {"seed": args.seed}
     if args.quiet:
         knobs.update(run_sigma=0.0, step_sigma=0.0)
     with sim_endpoint(dilation=args.dilation, k=args.k, **knobs) as sim:

@@ -603,7 +603,9 @@ def run_one(s: Started, tokens: int = 150) -> None:
 
 
 def test_metrics_count_emitted_tokens_honestly(start: Callable[..., Started]) -> None:
-    s = start(server_counts="emitted")
+    # vLLM counts len(new_token_ids) per step (v1/metrics/stats.py): the accepted drafts and
+    # the bonus token, never the k + 1 positions a speculative step proposed.
+    s = start()
     run_one(s)
     record = s.engine.core.history()[-1]
     text = s.client.get("/metrics").text
@@ -617,17 +619,6 @@ def test_metrics_count_emitted_tokens_honestly(start: Callable[..., Started]) ->
     assert metric(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0") <= drafts
     assert metric(text, "vllm:num_requests_running") == 0
     assert metric(text, "vllm:request_success_total", finished_reason="length") == 1
-
-
-def test_metrics_count_every_proposed_position_when_the_scenario_says_so(
-    start: Callable[..., Started],
-) -> None:
-    s = start(server_counts="proposed")
-    run_one(s)
-    steps = s.engine.core.history()[-1].schedule.steps
-    text = s.client.get("/metrics").text
-    assert metric(text, "vllm:generation_tokens_total") == 1 + 5 * (len(steps) - 1)
-    assert metric(text, "vllm:generation_tokens_total") > 150 * 1.4
 
 
 def stats_lines(logs: list[str]) -> list[re.Match[str]]:
@@ -646,31 +637,28 @@ SPEC = re.compile(
 )
 
 
-def test_stats_log_claims_proposed_throughput_while_busy(start: Callable[..., Started]) -> None:
-    s = start(server_counts="proposed", dilation=200.0, serving={"log_interval_s": 5.0})
+def test_stats_log_claims_what_the_steps_emitted_over_the_windows_wall_time(
+        start: Callable[..., Started]) -> None:
+    s = start(dilation=200.0, serving={"log_interval_s": 5.0})
     run_one(s, tokens=2500)
     wait_until(lambda: any(m["running"] == "0" for m in stats_lines(s.logs[-3:])))
     record = s.engine.core.history()[-1]
     steps = record.schedule.steps[1:]
-    realized = 5 * len(steps) / (sum(step.lab_ms for step in steps) / 1000)
+    realized = sum(step.emitted for step in steps) / (sum(step.lab_ms for step in steps) / 1000)
     busy = [float(m["gen"]) for m in stats_lines(s.logs) if m["running"] == "1"]
     inner = busy[1:-1]  # the first and last windows are partly idle
     assert len(inner) >= 8
     assert sum(inner) / len(inner) == pytest.approx(realized, rel=0.05)
-    assert sum(inner) / len(inner) > 36  # about 41 for the formula's step time
     assert any(SPEC.fullmatch(line) for line in s.logs)
 
 
-def test_busy_time_accounting_leaves_idle_out_of_the_rate(start: Callable[..., Started]) -> None:
-    def logged_rate(mode: str) -> float:
-        s = start(server_counts=mode, dilation=100.0, serving={"log_interval_s": 50.0})
-        first = len(s.logs)
-        run_one(s, tokens=60)  # about 2.5 lab s of work in a 50 s window
-        wait_until(lambda: any(float(m["gen"]) > 0 for m in stats_lines(s.logs[first:])), timeout=5)
-        return max(float(m["gen"]) for m in stats_lines(s.logs[first:]))
-
-    assert logged_rate("emitted") < 2.0  # 60 tokens over a 50 s window
-    assert logged_rate("emitted_busy") > 15.0  # 60 tokens over ~2.5 s of busy time
+def test_an_idle_part_of_a_window_lowers_its_rate(start: Callable[..., Started]) -> None:
+    # The releases divide by the interval's wall time, busy or not.
+    s = start(dilation=100.0, serving={"log_interval_s": 50.0})
+    first = len(s.logs)
+    run_one(s, tokens=60)  # about 2.5 lab s of work in a 50 s window
+    wait_until(lambda: any(float(m["gen"]) > 0 for m in stats_lines(s.logs[first:])), timeout=5)
+    assert max(float(m["gen"]) for m in stats_lines(s.logs[first:])) < 2.0  # 60 tokens over 50 s
 
 
 def test_sglang_engine_logs_in_sglang_wording(start: Callable[..., Started]) -> None:

@@ -145,8 +145,7 @@ def test_the_vllm_head_binds_its_broadcast_queue_where_vllm_host_ip_says(sim_lab
 def _raw(scenario: Any) -> dict[str, Any]:
     return {"schema": "labsim.scenario/1", "name": scenario.name, "seed": scenario.seed,
             "dilation": 1000.0, "truth": {"fp4": {"default_backend": "flashinfer_cutlass",
-                                                  "broken": ["flashinfer_cutlass"]},
-                                          "server_counts": "proposed"}}
+                                                  "broken": ["flashinfer_cutlass"]}}}
 
 
 def _template_regex(template: str) -> re.Pattern[str]:

@@ -31,7 +31,7 @@ def test_the_reference_scenario_reads_as_lab_model_section_8_says() -> None:
         "stall_s": 60.0,
     }
     assert s.truth["fp4"]["broken"] == ["flashinfer_cutlass"]
-    assert s.truth["server_counts"] == "proposed"
+    assert s.truth["server_counts"] == "emitted"
     assert s.truth["specdec"]["acceptance"]["eagle3"]["code"][:2] == [0.86, 0.76]
     assert s.node_names == [f"spark-0{i}" for i in range(1, 9)]
 
@@ -148,6 +148,17 @@ def test_an_unknown_fault_kind_is_refused_with_the_kinds_listed() -> None:
 
 def test_an_unknown_server_count_rule_is_refused() -> None:
     assert error_of(minimal(truth={"server_counts": "tokens"})).field == "truth.server_counts"
+
+
+@pytest.mark.parametrize("rule", ["proposed", "emitted_busy"])
+def test_a_count_no_modelled_release_makes_is_refused(rule: str) -> None:
+    # vLLM counts len(new_token_ids) per step (v1/metrics/stats.py) over the interval's
+    # wall time, SGLang accepted drafts plus one (managers/utils.py): a scenario runs a
+    # modelled release, so it counts honestly (LAB_MODEL.md section 4).
+    for engine in ({"name": "vllm", "version": "0.29.0"}, {"name": "sglang", "version": "0.5.23"}):
+        err = error_of(minimal(engine=engine, truth={"server_counts": rule}))
+        assert err.field == "truth.server_counts"
+        assert "the modelled releases count the tokens each step emits" in str(err)
 
 
 def test_the_wrong_schema_is_refused() -> None:

@@ -28,8 +28,9 @@ def _measure(sim: Any, **kw: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def speculative() -> Iterator[tuple[dict[str, Any], Any]]:
-    """EAGLE-3 k = 4, a server counting proposed tokens, dilation 30: the reference story."""
-    with simlab.sim_endpoint(dilation=30, k=4, server_counts="proposed") as sim:
+    """EAGLE-3 k = 4, dilation 30: the reference lab's speculation, counted as the modelled
+    releases count (the tokens each step emits)."""
+    with simlab.sim_endpoint(dilation=30, k=4) as sim:
         yield _measure(sim), sim
 
 
@@ -56,26 +57,28 @@ def test_the_delivered_rate_follows_the_lab_formula(speculative: tuple[dict[str,
         assert result[workload]["mean_tps"] == pytest.approx(sim.expected(workload), rel=0.08)
 
 
-def test_the_servers_log_claim_is_reconciled_as_proposed_tokens(
+def test_a_modelled_release_counts_honestly_and_its_claim_agrees_with_delivery(
     speculative: tuple[dict[str, Any], Any],
 ) -> None:
+    # vLLM counts each step's new tokens (v1/metrics/stats.py): at one request at a time the
+    # log's generation throughput is what the client receives, and no cause is accused.
     result, _ = speculative
     for workload in ("code", "prose"):
         log = result[workload]["server_claim"]["log"]
         assert log is not None and log["windows"] >= 2
-        assert log["claimed_tps"] == pytest.approx(41.0, rel=0.05)
+        assert log["claimed_tps"] == pytest.approx(result[workload]["mean_tps"], rel=0.1)
         assert result["server_claim_source"][workload] == "log"
         cause = next(
             c
             for c in result["reconciliation_detail"][workload]
             if c["code"] == "metrics.server_counts_proposed"
         )
-        assert cause["present"] and cause["explains_ratio"]
-    assert [f["code"] for f in result["findings"]] == ["metrics.server_overclaim"]
+        assert not cause["present"]
+    assert "metrics.server_overclaim" not in [f["code"] for f in result["findings"]]
 
 
 def test_an_abandoned_request_on_the_simulated_lab_is_an_orphan() -> None:
-    with simlab.sim_endpoint(dilation=30, k=0, server_counts="emitted", abort_on_disconnect=False) as sim:
+    with simlab.sim_endpoint(dilation=30, k=0, abort_on_disconnect=False) as sim:
         result = _measure(sim, workloads=["prose"], n=2, warmup=0, request_timeout_s=0.1)
     cause = next(
         c for c in result["reconciliation_detail"]["prose"] if c["code"] == "metrics.orphaned_requests"

@@ -156,20 +156,17 @@ def test_sglangs_step_counted_windows_and_accept_len_give_the_acceptance(measure
 
 
 def test_the_claim_is_reconciled_from_sglangs_own_evidence(measured: dict[str, Any]) -> None:
+    # SGLang counts accepted drafts plus one per step (managers/utils.py): one request at a
+    # time, its claim is what the client receives, and its own evidence says so.
     result = measured["result"]
     for workload in ("code", "prose"):
-        _, emitted = formula(measured["scenario"], measured["config"], workload)
         claim = result[workload]["server_claim"]
-        # The scenario's server counts every verified position: k + 1 per step.
-        assert claim["log"]["ratio"] == pytest.approx((K + 1) / emitted, rel=0.06)
+        assert claim["log"]["ratio"] == pytest.approx(1.0, abs=0.1)
         assert claim["metrics"] is not None
-        assert claim["metrics"]["ratio"] == pytest.approx((K + 1) / emitted, rel=0.06)
         assert claim["metrics"]["accepted"] is None and claim["metrics"]["drafted"] is None
         cause = next(c for c in result["reconciliation_detail"][workload]
                      if c["code"] == "metrics.server_counts_proposed")
-        assert cause["present"] and cause["explains_ratio"]
+        assert not cause["present"]
         assert cause["evidence"]["source"] == "log"
         assert "accept len" in cause["evidence"]["counts_from"]
-    assert result["code"]["server_claim"]["log"]["claimed_tps"] == pytest.approx(41.0, rel=0.06)
-    assert [f["code"] for f in result["findings"]] == ["metrics.server_overclaim"]
-    assert "metrics.server_counts_proposed" in result["findings"][0]["evidence"]["explained_by"]
+    assert "metrics.server_overclaim" not in [f["code"] for f in result["findings"]]

@@ -463,7 +463,12 @@ class LabSession:
         every secret masked (`launch` puts the engine key in place of the API key's mask in
         what it uploads; `uploaded_specs`)."""
         from lab.engines import render  # engines import config validation; keep startup light
+        from lab.engines.evidence import with_evidence_on
 
+        # The lab runs a configuration with the evidence on (the engine's stats lines and
+        # metrics, its INFO lines): a customer's setting that takes it away is theirs to
+        # keep, and the report says what it hides (lab.engines.evidence).
+        config = with_evidence_on(config)
         nodes = self.nodes_for(config)
         # The customer's model path names a model of the lab's catalog (render admits it
         # against that catalog first); on this lab its weights live at the catalog's path.

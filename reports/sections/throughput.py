@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lab.engines.evidence import hidden_evidence
 from reports import figures as fig
 from reports import plots
 from reports.sections.configurations import (
@@ -201,6 +202,13 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
                 )
             )
             blocks.extend(_reconciliation_blocks(measurement, workloads))
+    hidden = hidden_evidence(findings.get("config") or {})
+    if hidden:
+        hides = "; ".join(f"{h['setting']} hides {h['hides']}" for h in hidden)
+        blocks.append(Block("paragraph", (
+            f"Your configuration hides part of this evidence from you: {hides}. We ran it with that "
+            "evidence on to measure the figures here; with your settings your own logs and dashboards "
+            "show none of it.")))
     return StageSection("throughput", number, title, True, blocks)
 
 

@@ -49,7 +49,6 @@ SGLANG_ATTACKS: list[list[str]] = [
     ["--ssl-keyfile", "/etc/ssl/private/x.key"],
     ["--tool-server", "evil.example:80"],
     ["--kv-events-config", '{"endpoint": "tcp://evil.example:1"}'],
-    ["--log-level", "warning"],  # switches off the evidence the day reads
     ["--dp-size", "8"],  # a layout the lab does not reproduce
 ]
 VLLM_ATTACKS: list[list[str]] = [
@@ -73,7 +72,6 @@ VLLM_ATTACKS: list[list[str]] = [
     ["--hf-token", "hf_abc"],
     ["--model-impl", "transformers"],
     ["--allowed-local-media-path", "/"],
-    ["--disable-log-stats"],
     ["--data-parallel-size", "64"],
     ["--quantization", "bogus"],
 ]

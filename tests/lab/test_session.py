@@ -274,3 +274,12 @@ def test_the_platforms_own_cache_paths_pass_on_the_node(session: LabSession, ssh
     session.launch(config, cold=False, timeout_s=60)
     seen = json.loads((Path(session.inventory.head.work_dir) / "engine-argv.json").read_text())
     assert seen["env"]["VLLM_CACHE_ROOT"] == f"{sshd.root / 'cache'}/vllm"
+
+
+def test_the_lab_runs_a_configuration_with_its_evidence_on(session: LabSession) -> None:
+    config = one_node_config()
+    config["extra_args"] = ["--disable-log-stats"]
+    config["env"] = {"VLLM_LOGGING_LEVEL": "ERROR"}
+    [spec] = session.specs_for(config)
+    assert "--disable-log-stats" not in spec["argv"]
+    assert "VLLM_LOGGING_LEVEL" not in spec["env"]

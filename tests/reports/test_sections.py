@@ -148,3 +148,11 @@ def test_a_server_figure_that_agrees_with_delivery_is_said_to_agree(findings: di
     assert "No known cause was found to explain the difference." not in paragraphs
     measurement["server_claimed_tps"]["code"] = measurement["code"]["mean_tps"] * 1.3
     assert "No known cause was found to explain the difference." in _throughput_paragraphs(document)
+
+
+def test_settings_that_hide_evidence_are_named_with_what_they_hide(findings: dict[str, Any]) -> None:
+    document = copy.deepcopy(findings)
+    document["config"]["extra_args"] = [*document["config"]["extra_args"], "--disable-log-stats"]
+    [said] = [p for p in _throughput_paragraphs(document) if p.startswith("Your configuration hides")]
+    assert "--disable-log-stats hides the engine's periodic stats lines" in said
+    assert "We ran it with that evidence on" in said

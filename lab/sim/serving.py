@@ -147,6 +147,12 @@ class _Totals:
     accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    # SGLang adds a request's tokens and verify calls to its counters when the request ends
+    # (its tokenizer manager collects them with the finished request's meta info): a delta
+    # taken while a request runs reads 0.
+    ended_prompt: int = 0
+    ended_generation: int = 0
+    verify_calls: int = 0
 
 
 StepSink = Callable[[int, Step, Sequence[int]], bool]
@@ -397,6 +403,11 @@ class EngineCore:
                 self._totals.finished[record.reply.finish_reason] += 1
             elif outcome == "aborted":
                 self._totals.finished["abort"] += 1
+            if outcome in ("finished", "orphaned", "aborted"):
+                self._totals.ended_prompt += record.prompt_tokens if record.steps else 0
+                self._totals.ended_generation += record.generated
+                # Each decode step verifies the drafts (spec_verify_ct); the prefill does not.
+                self._totals.verify_calls += sum(1 for step in record.steps[1:] if step.drafted)
 
     def _account(self, record: RequestRecord, index: int, step: Step) -> None:
         # Counted as the modelled releases count: the tokens the step emitted (the accepted
@@ -563,6 +574,8 @@ class EngineCore:
             totals = self._totals
             running = len(self._active)
             prompt, generation = totals.prompt, totals.generation
+            ended_prompt, ended_generation = totals.ended_prompt, totals.ended_generation
+            verify_calls = totals.verify_calls
             drafts, drafted, accepted = totals.drafts, totals.drafted, totals.accepted
             per_pos, finished = list(totals.accepted_per_pos), dict(totals.finished)
             gauges = dict(self._gauges)
@@ -601,9 +614,14 @@ class EngineCore:
                 metric("sglang:spec_accept_rate", "gauge", "The average acceptance rate of "
                        "speculative decoding.", sched, [("", gauges["spec_accept_rate"])])
             metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-                   counter_labels, [("", prompt)])
+                   counter_labels, [("", ended_prompt)])
             metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
-                   counter_labels, [("", generation)])
+                   counter_labels, [("", ended_generation)])
+            if self.k:
+                # 0.5.23's count of verify calls (speculative steps) of the ended requests:
+                # generation tokens over it is the exact mean acceptance length.
+                metric("sglang:spec_verify_calls_total", "counter", "Number of speculative decoding "
+                       "verification calls.", f'model_name="{name}"', [("", verify_calls)])
             metric("sglang:num_requests_total", "counter", "Number of requests processed.",
                    counter_labels, [("", sum(finished.values()))])
             return "\n".join(out) + "\n"

@@ -47,6 +47,10 @@ COUNTERS = {
     # mean acceptance length, 1 + accepted / drafts. A draft may propose fewer than k
     # tokens (n-gram finds no match that long), so drafted / k is not the number of drafts.
     "drafts": "spec_decode_num_drafts_total",
+    # SGLang 0.5.23 counts its verify calls (speculative steps) when a request ends, with its
+    # generation tokens: their ratio is the request's mean acceptance length as SGLang itself
+    # defines it (completion_tokens / spec_verify_ct, managers/tokenizer_manager.py).
+    "verify_calls": "spec_verify_calls_total",
 }
 # Running requests: vLLM's vllm:num_requests_running, SGLang's sglang:num_running_reqs.
 RUNNING_GAUGES = ("num_requests_running", "num_running_reqs")
@@ -401,12 +405,28 @@ def _window_drafts(w: StatsWindow) -> float:
     return float(w.drafted or 0) / len(w.per_position)
 
 
+def _sglang_metrics_acceptance(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """SGLang 0.5.23: generation tokens over verify calls, both counted when a request ends
+    (a delta that ends while the request runs reads 0 for both)."""
+    calls = [m.get("verify_calls") for m in rows]
+    generated = [m.get("generation") for m in rows]
+    if not rows or any(c is None for c in calls) or any(g is None for g in generated):
+        return None
+    total_calls = float(sum(c for c in calls if c is not None))
+    if total_calls <= 0:
+        return None
+    tokens = float(sum(g for g in generated if g is not None))
+    return {"source": "metrics", "windows": 0, "drafts": total_calls, "accepted": None, "drafted": None,
+            "mean_acceptance_length": round(tokens / total_calls, 4), "per_position": [],
+            "counts_from": "sglang:generation_tokens_total / sglang:spec_verify_calls_total"}
+
+
 def _metrics_acceptance(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     rows = [r["metrics"] for r in runs if isinstance(r.get("metrics"), Mapping)]
     drafts = [m.get("drafts") for m in rows]
     accepted = [m.get("accepted") for m in rows]
     if not rows or any(d is None for d in drafts) or any(a is None for a in accepted):
-        return None
+        return _sglang_metrics_acceptance(rows)
     total = float(sum(d for d in drafts if d is not None))
     if total <= 0:
         return None

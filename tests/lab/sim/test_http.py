@@ -12,7 +12,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,7 @@ def start(tokenizer_path: Path) -> Iterator[Callable[..., Started]]:
         engine: str = "vllm",
         max_model_len: int | None = None,
         kv_capacity_tokens: int | None = None,
+        argv: Sequence[str] = (),
     ) -> Started:
         truth = _truth()
         truth["server_counts"] = server_counts
@@ -158,6 +159,7 @@ def start(tokenizer_path: Path) -> Iterator[Callable[..., Started]]:
             port=0,
             seed=seed,
             kv_capacity_tokens=kv_capacity_tokens,
+            argv=argv,
         )
         server.start()
         result = Started(server, httpx.Client(base_url=server.url, timeout=30, verify=False), logs)
@@ -770,3 +772,26 @@ def test_responses_look_the_same_whatever_the_backend_state(start: Callable[...,
         ):
             assert secret not in everything
     assert shapes[0] == shapes[1] == shapes[2]
+
+
+def test_sglangs_token_counters_rise_when_a_request_ends_with_its_verify_calls(
+        start: Callable[..., Started]) -> None:
+    # sglang/srt/observability/metrics_collector.py observe_one_finished_request: prompt and
+    # generation tokens, and 0.5.23's spec_verify_calls_total, are added when a request ends.
+    import threading
+
+    s = start(engine="sglang", dilation=50.0, argv=["--enable-metrics"])
+    body = {"model": MODEL, "prompt": CODE_PROMPT, "max_tokens": 400, "ignore_eos": True}
+    done = threading.Event()
+    threading.Thread(target=lambda: (s.client.post("/v1/completions", json=body), done.set()),
+                     daemon=True).start()
+    wait_until(lambda: s.engine.core.running() == 1 and len(s.engine.core.history()[-1].steps) > 5)
+    during = s.client.get("/metrics").text
+    assert metric(during, "sglang:generation_tokens_total") == 0
+    assert metric(during, "sglang:spec_verify_calls_total") == 0
+    assert done.wait(30)
+    after = s.client.get("/metrics").text
+    record = s.engine.core.history()[-1]
+    generated = metric(after, "sglang:generation_tokens_total")
+    calls = metric(after, "sglang:spec_verify_calls_total")
+    assert generated == 400 and calls == sum(1 for step in record.steps[1:] if step.drafted) > 0

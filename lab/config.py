@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from lab import env_policy as env_rules
+from lab.agent.agent import PER_LAUNCH_CACHE as PER_LAUNCH_CACHE
 from lab.agent.agent import flag_value_problem
 
 SCHEMA = "diagnostic.config/1"
@@ -64,7 +65,11 @@ REPORTED_FIELDS = ("decode_tps", "cold_start_s")
 REQUIREMENT_FIELDS = ("max_context",)
 
 # The lab places JIT caches itself (serving.jit_cache); these names may not be set by hand.
-JIT_CACHE_ENV = ("VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE")
+# Each engine's own cache root, FlashInfer's and Triton's (lab.engines.base.JIT_CACHE_DIRS).
+JIT_CACHE_ENV = ("VLLM_CACHE_ROOT", "SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR",
+                 "FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR")
+# PER_LAUNCH_CACHE (the node agent's): the folder of a node's cache volume that belongs to
+# one launch, where an ephemeral JIT cache is placed; the agent empties it before each launch.
 # The variable the lab sets on each vLLM rank of a multi-node launch: its own data address
 # (lab/env_policy.yaml `platform`); a launch's env read back drops it like the above.
 HOST_IP_ENV = "VLLM_HOST_IP"

@@ -475,7 +475,9 @@ class LabSession:
         catalog = self.inventory.catalog
         served = catalog.served(config)
         model_dir = served.path if served is not None else nodes[0].model_dir
-        specs = [shown_spec(spec) for spec in render(config, nodes, model_dir=model_dir, catalog=catalog)]
+        # An ephemeral JIT cache gets a folder of its own per launch (the agent empties it).
+        rendered = render(config, nodes, model_dir=model_dir, catalog=catalog, per_launch_cache=True)
+        specs = [shown_spec(spec) for spec in rendered]
         if self.owner:
             specs = [{**spec, "owner": dict(self.owner)} for spec in specs]
         return specs

@@ -89,6 +89,10 @@ NODE_CONFIG_DEFAULTS: dict[str, Any] = {
     # launch spec's argv (the model, its draft, a tokenizer or chat template) may point.
     "models_dir": "/models",
 }
+# The folder of the cache volume that belongs to one launch: the lab places an ephemeral
+# JIT cache there (serving.jit_cache: ephemeral), and `launch` empties it first, so every
+# start compiles its kernels again, as a container without a kept volume does.
+PER_LAUNCH_CACHE = "per-launch"
 # Engines run offline: a model or draft named by id resolves only to the copy the lab
 # placed in its cache, never to a download (the operator's engine_env may say otherwise).
 ENGINE_ENV_FIXED = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -1008,9 +1012,13 @@ def spec_env_problem(env: dict[str, str], engine: Any, version: Any, cache_dir: 
 
 def resolved_outside(env: dict[str, str], allowed: dict[str, Any], cache_dir: str) -> str | None:
     """A path-in-cache variable whose path, resolved on this node (symbolic links
-    followed), leaves the cache volume: None when there is none."""
+    followed), leaves the cache volume: None when there is none. A path in the per-launch
+    folder is not resolved through what is there now: `launch` replaces the folder with an
+    empty one of its own before the engine starts (fresh_launch_cache)."""
     root = os.path.realpath(cache_dir)
     for name in sorted(env):
+        if uses_launch_cache({name: env[name]}, cache_dir):
+            continue
         if (allowed.get(name) or {}).get("rule") == "path-in-cache":
             real = os.path.realpath(env[name])
             if real != root and not real.startswith(root.rstrip("/") + "/"):
@@ -1414,6 +1422,33 @@ def engine_environment(spec_env: dict[str, str], config: dict[str, Any],
     return env
 
 
+def uses_launch_cache(env: dict[str, str], cache_dir: str) -> bool:
+    """Whether a launch's env places something in the cache volume's per-launch folder."""
+    folder = os.path.normpath(os.path.join(cache_dir, PER_LAUNCH_CACHE))
+    return any(os.path.normpath(v) == folder or os.path.normpath(v).startswith(folder + "/")
+               for v in env.values() if v.startswith("/"))
+
+
+def fresh_launch_cache(cache_dir: str, user: EngineUser) -> str:
+    """Empty the cache volume's per-launch folder (PER_LAUNCH_CACHE) for the launch about to
+    start, owned by the engine user: nothing an earlier launch compiled is left in it. A
+    symbolic link in its place is removed, never followed."""
+    path = os.path.join(cache_dir, PER_LAUNCH_CACHE)
+    try:
+        if os.path.islink(path) or (os.path.exists(path) and not os.path.isdir(path)):
+            os.unlink(path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path)
+        os.makedirs(path, mode=0o700)
+        if user.switch:
+            os.chown(path, user.uid, user.gid)
+    except OSError as exc:
+        raise AgentError("io_error", f"launch: cannot empty the per-launch cache {path!r} "
+                         f"({exc.strerror or exc}); cache_dir in {NODE_CONFIG} must be a folder "
+                         "the agent may write") from exc
+    return path
+
+
 def resolve_program(program: str, path: str) -> str:
     """argv[0] found on the engine's PATH, not the agent's (an absolute path as given)."""
     if "/" in program:
@@ -1613,6 +1648,8 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
         raise AgentError("already_running",
                          f"launch: an engine already runs here (pid {current['pid']}); "
                          "run `stop` first")
+    if uses_launch_cache(spec["env"], config["cache_dir"]):
+        fresh_launch_cache(config["cache_dir"], user)
     try:
         os.makedirs(os.path.dirname(spec["log_file"]), exist_ok=True)
         rotate_log(spec["log_file"])

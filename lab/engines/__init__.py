@@ -239,7 +239,8 @@ def as_launched(config: Mapping[str, Any], *, catalog: Catalog | None = None) ->
 
 
 def render(config: Mapping[str, Any], nodes: Sequence[Node], *,
-           model_dir: str | None = None, catalog: Catalog | None = None) -> list[dict[str, Any]]:
+           model_dir: str | None = None, catalog: Catalog | None = None,
+           per_launch_cache: bool = False) -> list[dict[str, Any]]:
     """One `lab.launch/1` spec per node used: the first tp × pp nodes, head first (rank 0).
 
     `config` is normalized and admitted first against `catalog` (None: the default lab
@@ -248,7 +249,9 @@ def render(config: Mapping[str, Any], nodes: Sequence[Node], *,
     catalog says, SGLang's --enable-metrics). Every argv is in the flags of
     config.engine.version and is read back by that version's parser before it is handed
     out. `model_dir`, when given, is where this lab keeps the admitted model's weights (the
-    inventory's model_dir): the argv names it instead of model.path.
+    inventory's model_dir): the argv names it instead of model.path. `per_launch_cache`:
+    the lab's own launches, which give an ephemeral JIT cache a folder emptied before each
+    launch (jit_cache_env); without it an ephemeral cache sets nothing.
     """
     catalog = catalog if catalog is not None else load_catalog()
     config = as_launched(normalize_config(config, catalog=catalog), catalog=catalog)
@@ -274,7 +277,9 @@ def render(config: Mapping[str, Any], nodes: Sequence[Node], *,
         if refused is not None:
             raise ConfigError("engine.version", f"the lab's flag list for {engine.name} {version} "
                                                 f"refuses the launch: {refused[0]}: {refused[1]}")
-        env = {**config["env"], **jit_cache_env(config["serving"]["jit_cache"], node),
+        env = {**config["env"],
+               **jit_cache_env(engine.name, version, config["serving"]["jit_cache"], node,
+                               per_launch=per_launch_cache),
                **host_ip_env(engine.name, len(used), node)}
         specs.append(launch_spec(engine.name, node, rank, argv, env, version))
     return specs

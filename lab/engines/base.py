@@ -26,8 +26,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lab import flag_policy
-from lab.config import DEFAULT_ENGINE_VERSIONS, HOST_IP_ENV, JIT_CACHE_ENV, ConfigError, shown
+from lab import env_policy, flag_policy
+from lab.config import (
+    DEFAULT_ENGINE_VERSIONS,
+    HOST_IP_ENV,
+    JIT_CACHE_ENV,
+    PER_LAUNCH_CACHE,
+    ConfigError,
+    shown,
+)
 from lab.engines.argv import EngineArgError, Given, Option, Parsed, ReleaseParser, release_parser
 from lab.engines.logs import Matcher
 from lab.inventory import Node
@@ -105,12 +112,45 @@ def launch_view(config: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
-def jit_cache_env(jit_cache: str, node: Node) -> dict[str, str]:
-    """The launch env that keeps (persisted) or drops (ephemeral) the JIT caches."""
-    if jit_cache != "persisted":
-        return {}
-    return {"VLLM_CACHE_ROOT": f"{node.cache_dir}/vllm",
-            "FLASHINFER_WORKSPACE_BASE": f"{node.cache_dir}/flashinfer"}
+# Where each engine's compiled kernels land, by the variable that moves them (folder under
+# the cache root the lab gives). Without them every cache is under the engine user's home
+# and survives restarts on bare metal. vLLM: VLLM_CACHE_ROOT (envs.py, ~/.cache/vllm: the
+# torch.compile cache, with Inductor's and Triton's for the compiled graph under it).
+# SGLang: SGLANG_CACHE_DIR (srt/environ.py, ~/.cache/sglang: its compile cache, and from
+# 0.5.23 DeepGEMM's) and 0.5.23's SGLANG_JIT_CACHE_DIR (kernels/jit/utils/compile/cache.py,
+# ~/.cache/sglang/jit whatever SGLANG_CACHE_DIR says). Both: FlashInfer's JIT under
+# FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (flashinfer/jit/env.py, base the home) and
+# Triton's kernels under TRITON_CACHE_DIR (~/.triton/cache). An engine's own variable is
+# set only for a version whose release reads it (lab.env_policy.version_reads).
+JIT_CACHE_DIRS: Mapping[str, Mapping[str, str]] = {
+    "vllm": {"VLLM_CACHE_ROOT": "vllm", "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+             "TRITON_CACHE_DIR": "triton"},
+    "sglang": {"SGLANG_CACHE_DIR": "sglang", "SGLANG_JIT_CACHE_DIR": "sglang-jit",
+               "FLASHINFER_WORKSPACE_BASE": "flashinfer", "TRITON_CACHE_DIR": "triton"},
+}
+# Read by the libraries under every engine, not by the engines' own lists.
+_LIBRARY_CACHE_ENV = frozenset({"FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR"})
+
+
+def cache_env(engine: str, version: str | None, root: str) -> dict[str, str]:
+    """The variables that put `engine` `version`'s JIT caches under `root`."""
+    reads = env_policy.version_reads(engine, version or DEFAULT_ENGINE_VERSIONS[engine])
+    return {name: f"{root}/{folder}" for name, folder in JIT_CACHE_DIRS[engine].items()
+            if name in _LIBRARY_CACHE_ENV or name in reads}
+
+
+def jit_cache_env(engine: str, version: str | None, jit_cache: str, node: Node, *,
+                  per_launch: bool = False) -> dict[str, str]:
+    """The launch env that places the JIT caches: persisted, in the node's cache volume
+    (kept across restarts); ephemeral, when `per_launch` (the lab's own launches), in the
+    volume's per-launch folder, which the node agent empties before each launch, so every
+    start compiles as a container without a kept volume does. An ephemeral cache outside
+    the lab sets nothing: the caches are wherever the customer's engines keep them."""
+    if jit_cache == "persisted":
+        return cache_env(engine, version, node.cache_dir)
+    if per_launch:
+        return cache_env(engine, version, f"{node.cache_dir}/{PER_LAUNCH_CACHE}")
+    return {}
 
 
 def host_ip_env(engine: str, nnodes: int, node: Node) -> dict[str, str]:
@@ -125,9 +165,11 @@ def host_ip_env(engine: str, nnodes: int, node: Node) -> dict[str, str]:
 
 def split_launch_env(env: Mapping[str, str]) -> tuple[dict[str, str], str]:
     """A launch's env back into config.env and serving.jit_cache (the lab's own per-rank
-    address dropped)."""
+    address dropped): cache variables under a per-launch folder are an ephemeral cache."""
     kept = {k: v for k, v in env.items() if k not in JIT_CACHE_ENV and k != HOST_IP_ENV}
-    jit = "persisted" if any(k in env for k in JIT_CACHE_ENV) else "ephemeral"
+    caches = [v for k, v in env.items() if k in JIT_CACHE_ENV]
+    per_launch = bool(caches) and all(PER_LAUNCH_CACHE in v.split("/") for v in caches)
+    jit = "persisted" if caches and not per_launch else "ephemeral"
     return kept, jit
 
 

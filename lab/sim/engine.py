@@ -307,6 +307,8 @@ class EngineHost(Protocol):
     def hardware(self) -> NodeHardware: ...
     @property
     def launch_count(self) -> int: ...
+    @property
+    def engine_user(self) -> str: ...
     def host_path(self, node_path: str) -> Path: ...
     def engine_versions(self) -> dict[str, str | None]: ...
 
@@ -934,11 +936,13 @@ class EngineProcess:
 
     # -- 5. compile and JIT ---------------------------------------------------------------------------
     def _jit_cache_marker(self, backend: str) -> Path | None:
-        """The file a completed JIT leaves in a kept cache volume, or None if the cache is ephemeral."""
-        root = self.env.get("VLLM_CACHE_ROOT") if self.engine == "vllm" else None
-        root = root or self.env.get("FLASHINFER_WORKSPACE_BASE")
-        if not root:
-            return None
+        """The file a completed JIT leaves in the engine's compile cache: under its own cache
+        variable (vLLM's VLLM_CACHE_ROOT, SGLang's SGLANG_CACHE_DIR) when the launch sets
+        one, else under the engine user's home (~/.cache/vllm, ~/.cache/sglang), which
+        survives restarts as it does on bare metal. The lab's ephemeral cache is a
+        per-launch folder the node empties before each launch."""
+        variable = "VLLM_CACHE_ROOT" if self.engine == "vllm" else "SGLANG_CACHE_DIR"
+        root = self.env.get(variable) or f"/home/{self.node.engine_user}/.cache/{self.engine}"
         try:
             base = self.node.host_path(root)
         except ValueError:

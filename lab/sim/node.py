@@ -20,6 +20,7 @@ import math
 import posixpath
 import random
 import re
+import shutil
 import statistics
 import threading
 import time
@@ -32,11 +33,13 @@ from lab.agent.agent import (
     MEM_BW_DEFAULT_REPEATS,
     MEM_BW_MAX_REPEATS,
     MEM_BW_METHOD,
+    PER_LAUNCH_CACHE,
     launch_owner,
     not_own_address,
     root_engine_user,
     rotate_log,
     spec_problem,
+    uses_launch_cache,
 )
 from lab.clock import LabClock
 from lab.env_policy import compiled_policy as compiled_env_policy
@@ -525,6 +528,14 @@ class SimNode:
                 raise AgentFailure("already_running", f"launch: an engine already runs here "
                                    f"(pid {running[0].pid}); run `stop` first")
             started = self.clock.now()
+            if uses_launch_cache(spec.get("env") or {}, self.paths.cache_dir):
+                # As the agent does (fresh_launch_cache): the per-launch folder starts empty.
+                fresh = self.host_path(posixpath.join(self.paths.cache_dir, PER_LAUNCH_CACHE))
+                if fresh.is_symlink() or fresh.is_file():
+                    fresh.unlink()
+                elif fresh.is_dir():
+                    shutil.rmtree(fresh)
+                fresh.mkdir(parents=True)
             rotate_log(str(log_host))
             proc = EngineProcess(self, pid=self._pid(), spec=spec, log_path=log_host, started=started,
                                  spec_sha256=spec_sha256)

@@ -238,8 +238,10 @@ def test_everything_the_platform_renders_or_the_pipelines_set_is_permitted(engin
     node = Node(name="n", host="h", port=22, user="u", key_file=Path("k"), role="head",
                 mgmt_nic="eth0", data_nics=(), data_addr="10.0.0.1", model_dir="/models",
                 cache_dir=CACHE, work_dir="/var/lib/diag", api_port=8000, python="python3")
-    rendered = {**config_env, **jit_cache_env("persisted", node)}
-    assert on_node(rendered, engine, version) is None
+    for jit, per_launch in (("persisted", False), ("ephemeral", True)):
+        caches = jit_cache_env(engine, version, jit, node, per_launch=per_launch)
+        assert caches and set(caches) <= set(JIT_CACHE_ENV)
+        assert on_node({**config_env, **caches}, engine, version) is None
 
 
 def test_the_policy_agrees_with_the_tables_and_lab_config() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.config import ConfigError
+from lab.config import PER_LAUNCH_CACHE, ConfigError
 from lab.engines import normalize_config
 from lab.session import AgentError, LabSession, LaunchFailed, spec_sha256
 
@@ -29,7 +29,7 @@ FAKE_ENGINE = """#!{python}
 import json, os, sys, http.server
 port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
 with open(os.path.join(os.getcwd(), "engine-argv.json"), "w") as fh:
-    env = {{k: v for k, v in os.environ.items() if k.startswith(("NCCL", "VLLM"))}}
+    env = {{k: v for k, v in os.environ.items() if k.startswith(("NCCL", "VLLM", "TRITON"))}}
     json.dump({{"argv": sys.argv, "env": env}}, fh)
 if os.path.exists("fail-with"):
     # As vLLM refuses a KV cache that cannot hold one request: an uncaught exception, whose
@@ -274,6 +274,13 @@ def test_the_platforms_own_cache_paths_pass_on_the_node(session: LabSession, ssh
     session.launch(config, cold=False, timeout_s=60)
     seen = json.loads((Path(session.inventory.head.work_dir) / "engine-argv.json").read_text())
     assert seen["env"]["VLLM_CACHE_ROOT"] == f"{sshd.root / 'cache'}/vllm"
+    assert seen["env"]["TRITON_CACHE_DIR"] == f"{sshd.root / 'cache'}/triton"
+    # An ephemeral cache is the volume's per-launch folder, which the agent made empty.
+    session.stop()
+    session.launch(one_node_config(), cold=False, timeout_s=60)
+    seen = json.loads((Path(session.inventory.head.work_dir) / "engine-argv.json").read_text())
+    assert seen["env"]["VLLM_CACHE_ROOT"] == f"{sshd.root / 'cache'}/{PER_LAUNCH_CACHE}/vllm"
+    assert (sshd.root / "cache" / PER_LAUNCH_CACHE).is_dir()
 
 
 def test_the_lab_runs_a_configuration_with_its_evidence_on(session: LabSession) -> None:

@@ -248,3 +248,46 @@ def test_without_root_drop_caches_asks_sudo_for_the_one_command(allowed: bool) -
         assert error["code"] == "not_permitted"  # type: ignore[index]
         assert "a password is required" in error["message"]  # type: ignore[index]
         assert "sudoers rule" in error["message"]  # type: ignore[index]
+
+
+CACHE_BEHAVIOUR = ("import os, pathlib\n"
+                   "for var in ('VLLM_CACHE_ROOT', 'TRITON_CACHE_DIR'):\n"
+                   "    folder = pathlib.Path(os.environ[var])\n"
+                   "    folder.mkdir(parents=True, exist_ok=True)\n"
+                   "    print(var, sorted(p.name for p in folder.iterdir()), flush=True)\n"
+                   "    (folder / f'built-{os.getpid()}').write_text('kernels')\n"
+                   "print('done', flush=True)\n")
+
+
+def test_the_per_launch_cache_starts_empty_and_the_kept_one_does_not(node: Node, tmp_path: Path) -> None:
+    # serving.jit_cache: ephemeral runs on the lab with its caches in the cache volume's
+    # per-launch folder, which the agent empties before each launch (a start that compiles
+    # as a container without a kept volume does); persisted folders are left as they are.
+    cache = node.root / "cache"
+    (cache / "triton").mkdir(parents=True)
+    (cache / "triton").chmod(0o777)
+    outside = node.root / "elsewhere"
+    outside.mkdir()
+    (outside / "keep").write_text("not the agent's to remove")
+    (cache / lab.config.PER_LAUNCH_CACHE).symlink_to(outside)  # never followed
+    config = {"engine_user": engine_user(), "engine_path": f"{node.bin_dir}:/usr/bin:/bin",
+              "cache_dir": str(cache)}
+    env = {"VLLM_CACHE_ROOT": f"{cache}/{lab.config.PER_LAUNCH_CACHE}/vllm",
+           "TRITON_CACHE_DIR": f"{cache}/triton"}
+    node.behave(CACHE_BEHAVIOUR)
+    log = node.work_dir / "logs" / "engine.log"
+    spec = write_spec(node.work_dir / "spec.json", ENGINE_ARGV, str(log), env=env)
+    seen = []
+    for _ in range(2):
+        ans = agent_with(config, tmp_path, "launch", "--spec", str(spec), "--work-dir", str(node.work_dir))
+        assert ans.envelope["ok"], ans.envelope
+        assert wait_until(lambda: log.exists() and "done" in log.read_text())
+        seen.append([line for line in log.read_text().splitlines() if line.startswith(("VLLM", "TRITON"))])
+        assert wait_until(lambda: not agent_with(config, tmp_path, "status", "--work-dir", str(node.work_dir))
+                          .envelope["data"]["running"])
+    first, second = seen
+    assert first == ["VLLM_CACHE_ROOT []", "TRITON_CACHE_DIR []"]
+    assert second[0] == "VLLM_CACHE_ROOT []"  # emptied for the second launch
+    assert second[1].startswith("TRITON_CACHE_DIR ['built-")  # kept across launches
+    assert (outside / "keep").read_text() == "not the agent's to remove"
+    assert not (cache / lab.config.PER_LAUNCH_CACHE).is_symlink()

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from lab import env_policy
 from lab.catalog import Catalog, CatalogModel
-from lab.config import ConfigError
+from lab.config import JIT_CACHE_ENV, PER_LAUNCH_CACHE, ConfigError
 from lab.engines import normalize_config, parse_launch, render
 from lab.engines.tables import release
 from lab.inventory import Node
@@ -202,7 +203,47 @@ def test_a_persisted_jit_cache_lives_under_each_nodes_cache_dir(sparks: list[Nod
     env = render(config, sparks)[3]["env"]
     assert env == {"VLLM_CACHE_ROOT": "/var/cache/diag-4/vllm",
                    "FLASHINFER_WORKSPACE_BASE": "/var/cache/diag-4/flashinfer",
+                   "TRITON_CACHE_DIR": "/var/cache/diag-4/triton",
                    "VLLM_HOST_IP": "10.10.0.4"}
+
+
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.23"])
+def test_sglang_caches_move_with_sglangs_own_variables(sparks: list[Node], version: str) -> None:
+    # SGLang reads no VLLM_CACHE_ROOT: its compile cache follows SGLANG_CACHE_DIR
+    # (srt/environ.py), and 0.5.23's kernel JIT builds SGLANG_JIT_CACHE_DIR, which does not
+    # follow SGLANG_CACHE_DIR (kernels/jit/utils/compile/cache.py).
+    config = {**REFERENCE, "engine": {"name": "sglang", "version": version}, "speculative": None,
+              "serving": {"jit_cache": "persisted"}}
+    env = render(config, sparks)[1]["env"]
+    expected = {"SGLANG_CACHE_DIR": "/var/cache/diag-2/sglang",
+                "FLASHINFER_WORKSPACE_BASE": "/var/cache/diag-2/flashinfer",
+                "TRITON_CACHE_DIR": "/var/cache/diag-2/triton"}
+    if version == "0.5.23":
+        expected["SGLANG_JIT_CACHE_DIR"] = "/var/cache/diag-2/sglang-jit"
+    assert env == expected
+    for name in env:
+        engine_own = name.startswith("SGLANG_")
+        assert not engine_own or name in env_policy.version_reads("sglang", version)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_ephemeral_cache_on_the_lab_is_a_folder_emptied_per_launch(sparks: list[Node],
+                                                                       engine: str) -> None:
+    # Without a variable, every cache lands under the engine user's home and survives the
+    # restart on bare metal: the lab's own launches place an ephemeral cache in the cache
+    # volume's per-launch folder, which the node agent empties before each launch.
+    config = {**REFERENCE, "engine": {"name": engine}, "speculative": None}
+    assert all(name not in render(config, sparks)[0]["env"] for name in JIT_CACHE_ENV)
+    specs = render(config, sparks, per_launch_cache=True)
+    caches = {k: v for k, v in specs[1]["env"].items() if k in JIT_CACHE_ENV}
+    assert caches and all(v.startswith(f"/var/cache/diag-2/{PER_LAUNCH_CACHE}/") for v in caches.values())
+    # Read back, the launch is the ephemeral configuration it was rendered from.
+    parsed = parse_launch(specs[1]["argv"], specs[1]["env"])
+    assert parsed.config["serving"]["jit_cache"] == "ephemeral"
+    assert parsed.config["env"] == {}
+    persisted = render({**config, "serving": {"jit_cache": "persisted"}}, sparks, per_launch_cache=True)
+    kept = parse_launch(persisted[1]["argv"], persisted[1]["env"]).config
+    assert kept["serving"]["jit_cache"] == "persisted"
 
 
 def test_each_vllm_rank_gets_its_own_data_address_as_vllm_host_ip(sparks: list[Node]) -> None:

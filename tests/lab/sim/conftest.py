@@ -41,12 +41,13 @@ def load_path_fixed(*, nccl: bool = True) -> dict[str, Any]:
     return config
 
 
-def launch(lab: SimLab, config: dict[str, Any], *,
-           extra_argv: list[str] | None = None) -> list[EngineProcess]:
+def launch(lab: SimLab, config: dict[str, Any], *, extra_argv: list[str] | None = None,
+           per_launch_cache: bool = True) -> list[EngineProcess]:
     """Start `config` on the nodes it needs, head first; the engine process of each node.
-    `extra_argv` is appended to every node's command line as written (unchecked)."""
+    `extra_argv` is appended to every node's command line as written (unchecked);
+    `per_launch_cache` False renders as outside the lab (an ephemeral cache sets nothing)."""
     inventory = load_inventory(lab.inventory_path)
-    specs = render(config, inventory.nodes)
+    specs = render(config, inventory.nodes, per_launch_cache=per_launch_cache)
     procs = []
     for spec in specs:
         spec["argv"] += extra_argv or []

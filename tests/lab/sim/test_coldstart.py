@@ -90,6 +90,22 @@ def test_the_load_path_fixes_bring_a_cold_start_to_about_two_and_a_half_minutes(
     assert 2 * 60 < measured < 3 * 60
 
 
+def test_an_ephemeral_cache_compiles_on_every_lab_start_and_a_home_cache_only_once(sim_lab: SimLab) -> None:
+    # The lab's ephemeral cache is the cache volume's per-launch folder, emptied before
+    # each launch. Without any cache variable the engines keep their caches under the
+    # engine user's home (~/.cache/vllm), which survives a restart on bare metal.
+    for _ in range(2):
+        assert phase(restart_cold(sim_lab, out_of_box()), "jit") == JIT_COLD
+    stop_all(sim_lab)
+    first = wait_ready(launch(sim_lab, out_of_box(), per_launch_cache=False))
+    assert phase(first, "jit") == JIT_COLD
+    stop_all(sim_lab)
+    again = wait_ready(launch(sim_lab, out_of_box(), per_launch_cache=False))
+    assert phase(again, "jit") == JIT_WARM
+    home = sim_lab.head.host_path(f"/home/{sim_lab.head.engine_user}/.cache/vllm")
+    assert any(home.rglob("*")), "the compile cache landed under the engine user's home"
+
+
 def test_a_warm_restart_without_dropping_caches_reads_the_weights_from_page_cache(sim_lab: SimLab) -> None:
     restart_cold(sim_lab, out_of_box())
     stop_all(sim_lab)

@@ -24,7 +24,7 @@ from lab.sim.lab import SimLab
 from lab.sim.release import Release
 from lab.sim.scenario import ScenarioError, load_scenario, parse_scenario
 
-from .conftest import out_of_box, wait_exit, wait_ready
+from .conftest import out_of_box, stop_all, wait_exit, wait_ready
 
 AGENT = "/var/lib/diag/agent.py"
 
@@ -396,3 +396,22 @@ def test_vllms_prefetch_strategy_reads_like_a_fast_loader() -> None:
 
     assert loader_for({"serving": {"safetensors_load_strategy": "prefetch"}}) == "eager"
     assert loader_for({"serving": {"safetensors_load_strategy": "lazy"}}) == "mmap"
+
+
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.23"])
+def test_sglangs_kept_cache_is_its_own_variable(make_lab: Callable[..., SimLab], version: str) -> None:
+    # SGLang ignores VLLM_CACHE_ROOT: a persisted cache is SGLANG_CACHE_DIR in the volume, and
+    # the second start finds the compiled kernels there.
+    lab = sglang_lab(make_lab, version)
+    config = {**sglang_config(version), "serving": {**sglang_config(version)["serving"],
+                                                    "jit_cache": "persisted"}}
+    jit = []
+    for _ in range(2):
+        head = wait_ready(launch_argv(lab, config))
+        assert head.env["SGLANG_CACHE_DIR"].endswith("/sglang")
+        assert "VLLM_CACHE_ROOT" not in head.env
+        jit.append(next(p.seconds for p in head.phases if p.name == "jit"))
+        stop_all(lab)
+    cold, warm = jit
+    load = lab.scenario.truth["load"]
+    assert (cold, warm) == (load["jit_cold_s"], load["jit_warm_s"])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -283,12 +283,27 @@ class RequestSpan:
     chars: int
     timeline: tuple[tuple[float, int], ...]  # (log-clock seconds, cumulative content chars)
     measured: bool = True  # False for warm-up runs: they keep the server busy but are not measured
+    # Tokens in the first n characters received (the prefix re-tokenized). Without it the
+    # tokens are apportioned by characters, which errs by the text's local characters per
+    # token: up to a tenth of a ten-second window on code.
+    prefix_tokens: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
 
     def tokens_between(self, a: float, b: float) -> float:
-        """Delivered tokens that arrived in [a, b), apportioned by characters received."""
+        """Delivered tokens that arrived in [a, b)."""
         if self.chars <= 0 or b <= a:
             return 0.0
-        return self.tokens * (self._chars_by(b) - self._chars_by(a)) / self.chars
+        lo, hi = self._chars_by(a), self._chars_by(b)
+        if self.prefix_tokens is not None:
+            return float(self._tokens_by(hi) - self._tokens_by(lo))
+        return self.tokens * (hi - lo) / self.chars
+
+    def _tokens_by(self, chars: int) -> int:
+        assert self.prefix_tokens is not None
+        if chars <= 0:
+            return 0
+        if chars >= self.chars:
+            return self.tokens
+        return min(self.tokens, self.prefix_tokens(chars))
 
     def _chars_by(self, t: float) -> int:
         got = 0

@@ -15,6 +15,7 @@ tested is described in plain words (`cause_descriptions`).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -302,7 +303,7 @@ def _measure_workload(
     runs: list[dict[str, Any]] = []
     spans: list[claims.RequestSpan] = []
     for streamed in warm:
-        warm_span = _span(streamed, {"tokens": _count(streamed, counter)}, timeline, measured=False)
+        warm_span = _span(streamed, {"tokens": _count(streamed, counter)}, timeline, counter, measured=False)
         if warm_span is not None:
             spans.append(warm_span)
     for i in range(n):
@@ -316,7 +317,7 @@ def _measure_workload(
         after = scraper.snapshot() if scraper else None
         row = _run_row(i, i % len(workload.prompts), streamed, counter, to_lab, before, after)
         runs.append(row)
-        span = _span(streamed, row, timeline)
+        span = _span(streamed, row, timeline, counter)
         if span is not None:
             spans.append(span)
         say(f"{workload.name} run {i + 1}/{n}: {_brief(row)}")
@@ -423,10 +424,12 @@ def _count(run: StreamRun, counter: TokenCounter | None) -> int:
 
 
 def _span(
-    run: StreamRun, row: Mapping[str, Any], timeline: LabTimeline, measured: bool = True
+    run: StreamRun, row: Mapping[str, Any], timeline: LabTimeline, counter: TokenCounter | None,
+    measured: bool = True,
 ) -> claims.RequestSpan | None:
     if run.first_content is None or run.last_content is None or run.abandoned:
         return None
+    text = run.text
     return claims.RequestSpan(
         sent=timeline.log_seconds(run.sent),
         first=timeline.log_seconds(run.first_content),
@@ -435,6 +438,9 @@ def _span(
         chars=len(run.text),
         timeline=tuple((timeline.log_seconds(run.sent + dt), chars) for dt, chars in run.timeline),
         measured=measured,
+        # The tokens of what had arrived by a window's edge: the received prefix re-tokenized
+        # (exact up to the one token a cut can split), not the characters apportioned.
+        prefix_tokens=functools.cache(lambda chars: counter.count(text[:chars])) if counter else None,
     )
 
 

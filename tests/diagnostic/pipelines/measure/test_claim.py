@@ -108,6 +108,26 @@ def test_log_claim_compares_with_delivery_in_the_same_windows() -> None:
     assert got["ratio"] == pytest.approx(1.6, rel=0.02)
 
 
+def test_tokens_in_a_window_are_the_received_prefix_re_tokenized_not_characters_apportioned() -> None:
+    # 20 tokens in 10 s: the first ten are one character each, the last ten nine each
+    # (indentation, then words), one token a second. By characters the first half of the
+    # request would hold 10 / 100 of the tokens; re-tokenizing the prefix gives 10 of 20.
+    text = "x" * 10 + "word word" * 10
+    ends = list(range(1, 11)) + [10 + 9 * i for i in range(1, 11)]
+    timeline = tuple((float(i + 1), end) for i, end in enumerate(ends))
+
+    def count(chars: int) -> int:
+        return sum(1 for end in ends if end <= chars)
+
+    exact = claims.RequestSpan(sent=0.0, first=1.0, last=20.0, tokens=20, chars=len(text),
+                               timeline=timeline, prefix_tokens=count)
+    apportioned = claims.RequestSpan(sent=0.0, first=1.0, last=20.0, tokens=20, chars=len(text),
+                                     timeline=timeline)
+    assert exact.tokens_between(0.5, 10.5) == 10
+    assert exact.tokens_between(10.5, 20.5) == 10
+    assert apportioned.tokens_between(0.5, 10.5) == pytest.approx(2.0)
+
+
 def _partly_idle(busy_accounting: bool) -> list[dict[str, object]]:
     # Requests of 25 s at 10 tok/s with 15 s idle between them; windows every 10 s.
     spans = [_span(100.0 + 40 * i, 125.0 + 40 * i, 250) for i in range(4)]

@@ -62,6 +62,10 @@ SAMPLER_ACTIONS = ("start", "stop")
 # compiler that torch extensions and FlashInfer invoke).
 COMPILERS = frozenset({"nvcc", "cicc", "ptxas", "cc1plus"})
 ENGINE_PACKAGES = ("vllm", "sglang")
+# Loader packages an engine imports only when a configuration asks for them: SGLang's
+# --load-format fastsafetensors needs the fastsafetensors package, which it does not
+# depend on (a node without it fails at the load).
+LOADER_PACKAGES = ("fastsafetensors",)
 
 ENGINE_RECORD = "engine.json"  # the pidfile of the launched engine, in the work dir
 ENGINE_EXIT = "engine.exit.json"  # written by the supervisor when the engine exits
@@ -471,20 +475,46 @@ def rdma_devices() -> list[dict[str, Any]]:
     return found
 
 
+def _mount_field(text: str) -> str:
+    """A /proc/mounts field with the kernel's octal escapes (\\040 for a space) undone."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def fs_type(path: str, mounts: str | None = None) -> str | None:
+    """The type of the filesystem serving `path`: the /proc/mounts entry whose mount point
+    is the longest prefix of the resolved path, the rule the kernel uses and the one vLLM's
+    loader reads to decide whether to prefetch (NFS and Lustre are network filesystems)."""
+    if mounts is None:
+        mounts = read_text("/proc/mounts")
+    if mounts is None:
+        return None
+    resolved = os.path.realpath(path)
+    best, found = "", None
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = _mount_field(parts[1])
+        if (resolved == point or resolved.startswith(os.path.join(point, ""))) and len(point) > len(best):
+            best, found = point, parts[2]
+    return found
+
+
 def model_dir_facts(path: str) -> dict[str, Any]:
     if not os.path.exists(path):
-        return {"path": path, "exists": False, "free_bytes": None}
+        return {"path": path, "exists": False, "free_bytes": None, "fs_type": None}
     st = os.statvfs(path)
-    return {"path": path, "exists": True, "free_bytes": st.f_bavail * st.f_frsize}
+    return {"path": path, "exists": True, "free_bytes": st.f_bavail * st.f_frsize,
+            "fs_type": fs_type(path)}
 
 
-def engine_versions() -> dict[str, str | None]:
+def engine_versions(packages: tuple[str, ...] = ENGINE_PACKAGES) -> dict[str, str | None]:
     # Only the interpreter running the agent is searched: an engine installed in another
     # virtualenv or a container is invisible here (point the inventory's python at it).
     from importlib import metadata
 
     found: dict[str, str | None] = {}
-    for name in ENGINE_PACKAGES:
+    for name in packages:
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -508,6 +538,7 @@ def facts(args: argparse.Namespace) -> dict[str, Any]:
         "rdma": rdma_devices(),
         "model_dir": model_dir_facts(args.model_dir),
         "engines": engine_versions(),
+        "loaders": engine_versions(LOADER_PACKAGES),
         "python": platform.python_version(),
         "engine_user": engine_user_facts(),
     }

@@ -417,8 +417,10 @@ class SimNode:
                 "exists": model_host.exists(),
                 "free_bytes": int(NVME_FREE_BYTES - self.scenario.model["checkpoint_gb"] * 1e9)
                 if model_host.exists() else None,
+                "fs_type": str(self.scenario.node["model_fs"]) if model_host.exists() else None,
             },
             "engines": self.engine_versions(),
+            "loaders": {"fastsafetensors": self.scenario.node.get("fastsafetensors") or None},
             "python": PYTHON_VERSION,
             "engine_user": {"name": self.engine_user, "uid": 0 if self.engine_user == "root" else 998,
                             "problem": root_engine_user("root", NODE_CONFIG)

@@ -39,6 +39,12 @@ NODE_DEFAULTS: dict[str, Any] = {
     "nics": {"mgmt": "enP7s7", "mgmt_gbps": 10.0, "data": ["enp1s0f0np0", "enP2p1s0f0np0"]},
     # Who the node's agent starts engines as (its node config); "root" is refused there.
     "engine_user": "diag",
+    # The filesystem serving the model folder (the agent reads it from /proc/mounts): on
+    # nfs, nfs4 or lustre vLLM's unset load strategy prefetches a checkpoint that fits.
+    "model_fs": "ext4",
+    # The fastsafetensors package's version on the node ("" when it is not installed):
+    # SGLang does not depend on it and needs it for --load-format fastsafetensors.
+    "fastsafetensors": "0.5.0",
 }
 
 NETWORK_DEFAULTS: dict[str, Any] = {
@@ -274,6 +280,13 @@ def _string_list(value: Any, path: str) -> list[str]:
 
 
 Handler = Callable[[Any, Any, str], Any]
+
+
+def _version_or_absent(_default: Any, value: Any, path: str) -> str:
+    """A package version, or "" for a package the node does not have."""
+    if value == "":
+        return ""
+    return _string(value, path)
 
 
 def _merge(defaults: Mapping[str, Any], given: Any, path: str,
@@ -554,7 +567,8 @@ def parse_scenario(data: Any) -> Scenario:
     nodes = int(_number(cluster.get("nodes", 8), "cluster.nodes", integer=True))
     if not 1 <= nodes <= 99:
         raise _fail("cluster.nodes", nodes, "an integer from 1 to 99")
-    node = _merge(NODE_DEFAULTS, cluster.get("node"), "cluster.node", {"nics": _nics})
+    node = _merge(NODE_DEFAULTS, cluster.get("node"), "cluster.node",
+                  {"nics": _nics, "fastsafetensors": _version_or_absent})
     network = _merge(NETWORK_DEFAULTS, cluster.get("network"), "cluster.network")
     names = [node_name(i) for i in range(nodes)]
     return Scenario(

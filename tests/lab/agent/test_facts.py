@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.agent import agent
 from tests.lab.agent.conftest import agent_python_version, run_agent
 from tests.lab.agent.fake_gpu import install_fake_nvidia_smi
 
@@ -78,7 +79,45 @@ def test_it_reports_free_space_in_the_model_dir(facts: dict) -> None:
 def test_it_says_a_missing_model_dir_does_not_exist(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such" / "dir"
     data = run_agent("facts", "--model-dir", str(missing)).data
-    assert data["model_dir"] == {"path": str(missing), "exists": False, "free_bytes": None}
+    assert data["model_dir"] == {"path": str(missing), "exists": False, "free_bytes": None,
+                                 "fs_type": None}
+
+
+def test_it_reports_the_filesystem_serving_the_model_dir_as_proc_mounts_says(facts: dict) -> None:
+    # The kernel's own answer for the same folder: findmnt reads the mount table too, so
+    # the agent is checked against the longest mount point above the resolved path.
+    resolved = os.path.realpath(facts["_model_dir"])
+    best, expected = "", None
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _dev, point, kind, *_ = line.split()
+        if (resolved == point or resolved.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+            best, expected = point, kind
+    assert facts["model_dir"]["fs_type"] == expected is not None
+
+
+def test_the_longest_mount_point_above_a_path_decides_its_filesystem(tmp_path: Path) -> None:
+    # /data on NFS with a local disk mounted inside it, and a mount point with a space
+    # (written \\040 by the kernel), as vLLM's _get_fs_type reads them.
+    mounts = "\n".join([
+        "/dev/nvme0n1p2 / ext4 rw 0 0",
+        "server:/export /data nfs4 rw 0 0",
+        "/dev/nvme1n1 /data/local ext4 rw 0 0",
+        "mds@tcp:/lfs /mnt/my\\040models lustre rw 0 0",
+        "short line",
+    ])
+    assert agent.fs_type("/data/models/kimi", mounts) == "nfs4"
+    assert agent.fs_type("/data/local/kimi", mounts) == "ext4"
+    assert agent.fs_type("/data", mounts) == "nfs4"
+    assert agent.fs_type("/datastore", mounts) == "ext4"
+    assert agent.fs_type("/mnt/my models/k2", mounts) == "lustre"
+
+
+def test_it_reports_the_loader_packages_as_the_interpreter_sees_them(facts: dict) -> None:
+    try:
+        expected: str | None = metadata.version("fastsafetensors")
+    except metadata.PackageNotFoundError:
+        expected = None
+    assert facts["loaders"] == {"fastsafetensors": expected}
 
 
 def test_it_reports_engine_versions_as_the_interpreter_sees_them(facts: dict) -> None:

@@ -3,16 +3,20 @@ GB10 facts, the sandbox, telemetry timing, page cache and the FP4 probe."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 from lab.agent import validate_response, validate_sample
+from lab.scenarios import scenario_path
 from lab.sim.lab import SimLab
 from lab.sim.node import SandboxError, SimNode
+from lab.sim.scenario import load_scenario
 
 from .conftest import launch, out_of_box, stop_all, wait_exit, wait_ready
 
@@ -64,12 +68,23 @@ def test_facts_describe_a_gb10_node(sim_lab: SimLab) -> None:
         "enP7s7": 10000, "enp1s0f0np0": 100000, "enP2p1s0f0np0": 100000}
     assert facts["model_dir"]["exists"] is True and facts["model_dir"]["free_bytes"] > 0
     assert facts["engines"] == {"vllm": "0.34.0", "sglang": "0.5.23"}
+    assert facts["model_dir"]["fs_type"] == "ext4"
+    assert facts["loaders"] == {"fastsafetensors": "0.5.0"}
     assert abs(facts["time"] - sim_lab.clock.now()) < 60
+
+
+def test_facts_name_a_network_model_folder_and_a_missing_loader(make_lab: Callable[..., SimLab]) -> None:
+    base = load_scenario(scenario_path("reference-kimi-k2-8spark"))
+    lab = make_lab(dataclasses.replace(base, node={**base.node, "model_fs": "lustre", "fastsafetensors": ""}))
+    facts = data(lab.node("spark-03"), "facts", "--model-dir", "/models/kimi-k2")
+    assert facts["model_dir"]["fs_type"] == "lustre"
+    assert facts["loaders"] == {"fastsafetensors": None}
 
 
 def test_facts_of_a_missing_model_dir_say_so(sim_lab: SimLab) -> None:
     facts = data(sim_lab.head, "facts", "--model-dir", "/models/other")
     assert facts["model_dir"]["exists"] is False and facts["model_dir"]["free_bytes"] is None
+    assert facts["model_dir"]["fs_type"] is None
 
 
 def test_the_model_dir_holds_a_tokenizer_a_config_and_a_64_shard_index(sim_lab: SimLab) -> None:

@@ -106,7 +106,11 @@ SERVING_DEFAULTS: dict[str, Any] = {
     "gpu_memory_utilization": 0.9,
     "enforce_eager": False,
     "load_format": "auto",
-    "safetensors_load_strategy": "lazy",
+    # vLLM's default is None, not lazy: mmap, plus a prefetch into the page cache when the
+    # checkpoint sits on NFS or Lustre and fits in 90 % of the free memory (LoadConfig and
+    # safetensors_weights_iterator, vllm/config/load.py and model_loader/weight_utils.py).
+    # An explicit lazy turns that prefetch off, so the two are kept apart.
+    "safetensors_load_strategy": None,
     "jit_cache": "ephemeral",
     "moe_backend": "auto",
     "linear_backend": "auto",
@@ -661,6 +665,23 @@ def _choice_name(value: Any, field: str) -> str:
     return value
 
 
+def _load_strategy(value: Any, engine: str) -> str | None:
+    """vLLM's --safetensors-load-strategy: unset (None, the release's default) or a choice
+    name the version's parser then checks. SGLang has no such flag and maps the files
+    lazily: lazy is read as unset there, anything else refused."""
+    field = "serving.safetensors_load_strategy"
+    if value is None:
+        return None
+    name = _choice_name(value, field)
+    if engine != "sglang":
+        return name
+    if name == "lazy":
+        return None
+    raise _fail(field, f"{shown(name)} is a vLLM option that SGLang does not have (it maps the "
+                       "files lazily); leave it unset, or use serving.load_format: fastsafetensors "
+                       "for a fast loader")
+
+
 def _served_name(value: Any, field: str) -> str:
     """The name the engine serves the model under (--served-model-name): held to the flag
     rule the lab's lists give that flag (lab/agent/agent.py flag_value_problem)."""
@@ -716,16 +737,11 @@ def _serving(raw: Any, engine: str) -> dict[str, Any]:
         "gpu_memory_utilization": float(util),
         "enforce_eager": _bool(merged["enforce_eager"], "serving.enforce_eager"),
         "load_format": _one_of(merged["load_format"], "serving.load_format", LOAD_FORMATS),
-        "safetensors_load_strategy": _choice_name(merged["safetensors_load_strategy"],
-                                                  "serving.safetensors_load_strategy"),
+        "safetensors_load_strategy": _load_strategy(merged["safetensors_load_strategy"], engine),
         "jit_cache": _one_of(merged["jit_cache"], "serving.jit_cache", JIT_CACHES),
         "moe_backend": _choice_name(merged["moe_backend"], "serving.moe_backend"),
         "linear_backend": _choice_name(merged["linear_backend"], "serving.linear_backend"),
     }
-    if engine == "sglang" and out["safetensors_load_strategy"] != "lazy":
-        raise _fail("serving.safetensors_load_strategy",
-                    f"{shown(out['safetensors_load_strategy'])} is a vLLM option that SGLang does not "
-                    "have; use lazy, or serving.load_format: fastsafetensors for a fast loader")
     return out
 
 

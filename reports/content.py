@@ -152,7 +152,7 @@ def config_rows(config: Mapping[str, Any]) -> list[Row]:
             parts.append("eager mode")
         rows.append(Row("Serving", ", ".join(parts)))
         loader = f"load format {serving.get('load_format', 'auto')}"
-        if "safetensors_load_strategy" in serving:
+        if serving.get("safetensors_load_strategy"):  # unset: the engine's default
             loader += f", {serving['safetensors_load_strategy']} safetensors"
         if "jit_cache" in serving:
             loader += f", {serving['jit_cache']} JIT cache"

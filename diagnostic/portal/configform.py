@@ -182,15 +182,19 @@ def sections() -> tuple[Section, ...]:
                       ", ".join(LOAD_FORMATS), "--load-format", "--load-format",
                       initial=serving["load_format"], choices=LOAD_FORMATS),
             FormField("serving.safetensors_load_strategy", "choice", "Load strategy (vLLM)",
-                      "How vLLM reads safetensors files: lazily as layers need them, or eagerly. "
-                      "SGLang has no such setting: keep lazy.", "lazy, eager, prefetch",
-                      "--safetensors-load-strategy", "", initial=serving["safetensors_load_strategy"],
-                      choices=("lazy", "eager", "prefetch")),
+                      "How vLLM reads safetensors files. Not set, vLLM maps them lazily and "
+                      "prefetches them on NFS or Lustre when they fit in memory; lazy never "
+                      "prefetches; eager reads each file whole. SGLang has no such setting: "
+                      "leave it unset.", "not set, lazy, eager, prefetch",
+                      "--safetensors-load-strategy", "",
+                      initial=serving["safetensors_load_strategy"] or "",
+                      choices=("lazy", "eager", "prefetch"), blank_choice="not set (vLLM decides)"),
             FormField("serving.jit_cache", "choice", "JIT kernel cache",
                       "Whether compiled kernels are kept between starts (persisted) or compiled again "
                       "each time (ephemeral).", ", ".join(JIT_CACHES),
-                      "VLLM_CACHE_ROOT, FLASHINFER_WORKSPACE_BASE (set by the lab)",
-                      "FLASHINFER_WORKSPACE_BASE (set by the lab)", initial=serving["jit_cache"],
+                      "VLLM_CACHE_ROOT, FLASHINFER_WORKSPACE_BASE, TRITON_CACHE_DIR (set by the lab)",
+                      "SGLANG_CACHE_DIR, FLASHINFER_WORKSPACE_BASE, TRITON_CACHE_DIR (set by the lab)",
+                      initial=serving["jit_cache"],
                       choices=JIT_CACHES),
         )),
         Section("speculative", "Speculative decoding",

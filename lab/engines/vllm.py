@@ -461,7 +461,8 @@ class Vllm(Engine):
         serving = dict(config["serving"])
         for name, flag in (("moe_backend", "--moe-backend"), ("linear_backend", "--linear-backend"),
                            ("safetensors_load_strategy", "--safetensors-load-strategy")):
-            serving[name] = self._choice(parser, flag, f"serving.{name}", serving[name])
+            if serving[name] is not None:  # an unset load strategy is the release's default
+                serving[name] = self._choice(parser, flag, f"serving.{name}", serving[name])
         if serving["load_format"] not in LOAD_FORMATS:
             raise ConfigError("serving.load_format", f"{shown(serving['load_format'])} is not "
                                                      f"modelled; use one of {', '.join(LOAD_FORMATS)}")
@@ -469,12 +470,12 @@ class Vllm(Engine):
 
     def _choice(self, parser: Any, flag: str, config_field: str, value: str) -> str:
         """`value` as the version's `flag` reads it (its converter, then its choices)."""
-        default = {"serving.safetensors_load_strategy": "lazy"}.get(config_field, "auto")
         option = parser.option(flag)
         if option is None:
-            if value == default:
+            if value == "auto":
                 return value
-            raise ConfigError(config_field, f"vllm {parser.version} has no {flag}; use {default}")
+            leave = "leave it unset" if config_field == "serving.safetensors_load_strategy" else "use auto"
+            raise ConfigError(config_field, f"vllm {parser.version} has no {flag}; {leave}")
         try:
             converted = option.convert(value)
         except (TypeError, ValueError):
@@ -510,7 +511,7 @@ class Vllm(Engine):
             argv.append("--enforce-eager")
         if srv["load_format"] != "auto":
             argv += ["--load-format", srv["load_format"]]
-        if srv["safetensors_load_strategy"] != "lazy":
+        if srv["safetensors_load_strategy"] is not None:  # an explicit lazy is passed: it differs
             argv += ["--safetensors-load-strategy", srv["safetensors_load_strategy"]]
         if srv["moe_backend"] != "auto":
             argv += ["--moe-backend", srv["moe_backend"]]

@@ -114,17 +114,52 @@ class EngineFailed(Exception):
 # -- what the launch asks for -------------------------------------------------------------
 
 
-def loader_for(config: dict[str, Any]) -> str:
+# vLLM's safetensors_weights_iterator (model_loader/weight_utils.py, 0.29.0 and 0.34.0): the
+# filesystems it calls network ones, and the share of the available memory a checkpoint
+# must fit in for the unset strategy to prefetch it.
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre")
+PREFETCH_RAM_PCT = 90
+# config/load.py: DEFAULT_SAFETENSORS_PREFETCH_NUM_THREADS and _BLOCK_SIZE.
+PREFETCH_THREADS = 8
+PREFETCH_BLOCK_BYTES = 16 * 1024 * 1024
+
+
+def auto_prefetches(fs_type: str, checkpoint_bytes: float, available_bytes: float) -> bool:
+    """Whether vLLM's unset load strategy prefetches: a network filesystem and a checkpoint
+    (every file in the folder, not the rank's share) within 90 % of the available memory."""
+    return fs_type in NETWORK_FILESYSTEMS and checkpoint_bytes <= PREFETCH_RAM_PCT / 100 * available_bytes
+
+
+def prefetches(config: dict[str, Any], *, auto_prefetch: bool = False) -> bool:
+    """vLLM's `prefetch` strategy, or the unset one when it decides to (`auto_prefetch`);
+    an explicit `lazy` never prefetches."""
+    serving = config.get("serving", {})
+    if serving.get("load_format") == "fastsafetensors":
+        return False
+    strategy = serving.get("safetensors_load_strategy")
+    return strategy == "prefetch" or (strategy is None and auto_prefetch)
+
+
+def loader_for(config: dict[str, Any], *, auto_prefetch: bool = False, world: int = 1) -> str:
     """mmap (the default), eager, or fastsafetensors, from the normalized configuration.
-    vLLM's `prefetch` strategy reads the checkpoint files into the page cache with threads
-    before the workers load them (vllm/config/load.py): a sequential read at the drive's
-    speed like eager's, not mmap's page faults."""
+    A prefetch reads checkpoint files into the page cache with threads before the workers
+    map them (model_loader/weight_utils.py), but each rank only its share of the files
+    (`sorted_files[rank::world_size]`): alone it is a sequential read at the drive's speed
+    like eager's; across nodes, whose page caches are their own, most of what a rank maps
+    is still faulted in, so it stays mmap (`prefetch_share` says how much is read fast)."""
     serving = config.get("serving", {})
     if serving.get("load_format") == "fastsafetensors":
         return "fastsafetensors"
-    if serving.get("safetensors_load_strategy") in ("eager", "prefetch"):
+    if serving.get("safetensors_load_strategy") == "eager":
+        return "eager"
+    if prefetches(config, auto_prefetch=auto_prefetch) and world <= 1:
         return "eager"
     return "mmap"
+
+
+def prefetch_share(config: dict[str, Any], *, auto_prefetch: bool, world: int) -> float:
+    """The share of a rank's weights its own prefetch brought into its node's page cache."""
+    return 1.0 / max(1, world) if prefetches(config, auto_prefetch=auto_prefetch) else 0.0
 
 
 @dataclass(frozen=True)
@@ -871,8 +906,16 @@ class EngineProcess:
     def _load_weights(self, t: float, config: dict[str, Any], nodes_used: int) -> float:
         load = self.node.scenario.truth["load"]
         weights = weights_per_node_gb(self.node.scenario.model, nodes_used)
-        loader = loader_for(config)
+        checkpoint = float(self.node.scenario.model["checkpoint_gb"]) * 1e9
+        available = self.node.hardware.memory_kib(t)[1] * 1024.0
+        fs = str(self.node.scenario.node["model_fs"])
+        auto = self.engine == "vllm" and auto_prefetches(fs, checkpoint, available)
+        loader = loader_for(config, auto_prefetch=auto, world=nodes_used)
         read_gbs = load["mmap_read_gbs"] if loader == "mmap" else load["nvme_read_gbs"]
+        share = prefetch_share(config, auto_prefetch=auto, world=nodes_used)
+        if loader == "mmap" and share > 0:
+            # The prefetched share at the drive's speed, the rest faulted in.
+            read_gbs = 1.0 / (share / load["nvme_read_gbs"] + (1 - share) / load["mmap_read_gbs"])
         cached = min(self.node.hardware.weights_cached_gb, weights)
         cache_s = cached / load["page_cache_gbs"]
         disk_s = (weights - cached) / read_gbs
@@ -911,6 +954,7 @@ class EngineProcess:
             # minutes of silence, told apart by telemetry alone.
             start = self.rel.line("load_model_begin", file="gpu/model_runner.py")
             self.log(t, start, start.text)
+            prefetching = self._prefetch_lines(t, config, fs, checkpoint, available)
             if self.rank == 0:
                 shards = self.rel.line("shard_progress", contains="safetensors")
                 self.log(t, shards, logfmt.shard_progress(shards.text, 0, SHARDS, 0.0))
@@ -919,6 +963,9 @@ class EngineProcess:
                     self.at(done_at)
                     self.log(done_at, shards, logfmt.shard_progress(shards.text, i + 1, SHARDS, done_at - t))
             self.at(end)
+            if prefetching:
+                done = self.rel.line("prefetch_run", contains="finished")
+                self.log(end, done, done.pct(total))
         self.node.hardware.finish_load(end, weights)
         if self.engine == "sglang":
             line = self.rel.line("load_weight_end", startswith="Load weight end. elapsed=")
@@ -933,6 +980,39 @@ class EngineProcess:
             model = self.rel.line("model_loading", file="gpu/model_runner.py")
             self.log(end, model, model.pct(round(gib, 2), total + 1.2))
         return end
+
+    def _prefetch_lines(self, t: float, config: dict[str, Any], fs: str, checkpoint: float,
+                        available: float) -> bool:
+        """What every rank's safetensors iterator says before it reads: the filesystem and
+        sizes (info_once), then why it prefetches or not, in the release's words. True when
+        it prefetches (its finished line comes when the read ends)."""
+        strategy = config["serving"].get("safetensors_load_strategy")
+        if config["serving"].get("load_format") == "fastsafetensors" or strategy == "torchao":
+            return False
+        fs_name = fs.upper() if fs else "unknown"
+        fits = checkpoint <= PREFETCH_RAM_PCT / 100 * available
+        line = self.rel.line("checkpoint_fs")
+        self.log(t, line, line.pct(fs_name, checkpoint / GIB, available / GIB))
+        network = fs in NETWORK_FILESYSTEMS
+        prefetch = strategy == "prefetch" or (strategy is None and network and fits)
+        if strategy is None and not (network and fits):
+            if network:
+                line = self.rel.line("prefetch_decision", startswith="Network filesystem")
+                self.log(t, line, line.pct(fs_name, checkpoint / GIB, PREFETCH_RAM_PCT, available / GIB),
+                         "WARNING")
+            elif fits:
+                line = self.rel.line("prefetch_decision", contains="If you want to force")
+                self.log(t, line, line.pct(fs_name))
+            else:
+                line = self.rel.line("prefetch_decision", contains="and the checkpoint size")
+                self.log(t, line, line.pct(fs_name, checkpoint / GIB, PREFETCH_RAM_PCT, available / GIB))
+        elif strategy == "prefetch" and not fits:
+            line = self.rel.line("prefetch_decision", startswith="safetensors_load_strategy=")
+            self.log(t, line, line.pct(checkpoint / GIB, PREFETCH_RAM_PCT, available / GIB), "WARNING")
+        if prefetch:
+            line = self.rel.line("prefetch_run", contains="started")
+            self.log(t, line, line.pct(PREFETCH_THREADS, PREFETCH_BLOCK_BYTES))
+        return prefetch
 
     # -- 5. compile and JIT ---------------------------------------------------------------------------
     def _jit_cache_marker(self, backend: str) -> Path | None:

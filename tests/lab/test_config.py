@@ -36,7 +36,7 @@ def test_an_empty_config_gets_every_field_with_engine_defaults() -> None:
         "parallel": {"tp": 1, "pp": 1, "expert_parallel": False},
         "serving": {"max_model_len": 262144, "kv_cache_dtype": "auto",
                     "gpu_memory_utilization": 0.9, "enforce_eager": False, "load_format": "auto",
-                    "safetensors_load_strategy": "lazy", "jit_cache": "ephemeral",
+                    "safetensors_load_strategy": None, "jit_cache": "ephemeral",
                     "moe_backend": "auto", "linear_backend": "auto"},
         "speculative": None,
         "env": {},
@@ -419,7 +419,7 @@ def test_the_reference_configuration_is_the_out_of_box_story() -> None:
     assert config["extra_args"] == ["--trust-remote-code"]
     assert config["speculative"]["draft_model"] == "/models/kimi-k2-eagle3"
     serving = config["serving"]
-    assert (serving["load_format"], serving["safetensors_load_strategy"]) == ("auto", "lazy")
+    assert (serving["load_format"], serving["safetensors_load_strategy"]) == ("auto", None)
     assert serving["jit_cache"] == "ephemeral"
     assert (serving["moe_backend"], serving["linear_backend"]) == ("auto", "auto")
     assert not any(k.startswith("NCCL_") or "FP4" in k or "GEMM" in k for k in config["env"])

@@ -103,6 +103,28 @@ def test_vllm_defaults_are_left_to_the_engine(sparks: list[Node]) -> None:
         assert flag not in argv
 
 
+def test_vllm_reads_an_unset_and_an_explicit_lazy_strategy_apart(sparks: list[Node]) -> None:
+    # Unset, vLLM prefetches a checkpoint on NFS or Lustre that fits in memory; lazy never
+    # does (LoadConfig.safetensors_load_strategy, vllm/config/load.py): lazy is passed.
+    unset = normalize_config({**REFERENCE, "serving": {}})
+    assert unset["serving"]["safetensors_load_strategy"] is None
+    assert "--safetensors-load-strategy" not in render(unset, sparks)[0]["argv"]
+    lazy = normalize_config({**REFERENCE, "serving": {"safetensors_load_strategy": "lazy"}})
+    argv = render(lazy, sparks)[0]["argv"]
+    assert argv[argv.index("--safetensors-load-strategy") + 1] == "lazy"
+
+
+def test_sglang_reads_lazy_as_its_only_way_and_refuses_the_others() -> None:
+    config = normalize_config({"engine": {"name": "sglang", "version": "0.5.23"},
+                               "serving": {"safetensors_load_strategy": "lazy"}})
+    assert config["serving"]["safetensors_load_strategy"] is None
+    for strategy in ("eager", "prefetch"):
+        with pytest.raises(ConfigError, match="leave it unset") as err:
+            normalize_config({"engine": {"name": "sglang", "version": "0.5.23"},
+                              "serving": {"safetensors_load_strategy": strategy}})
+        assert err.value.field == "serving.safetensors_load_strategy"
+
+
 def test_vllm_speculative_config_is_vllms_json(sparks: list[Node]) -> None:
     argv = render(REFERENCE, sparks)[0]["argv"]
     # the draft by the lab's path: nodes run offline, where a hub id does not load

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from collections.abc import Callable
@@ -9,8 +10,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from lab.scenarios import scenario_path
 from lab.sim.engine import EngineProcess
 from lab.sim.lab import SimLab
+from lab.sim.scenario import load_scenario
 
 from .conftest import launch, load_path_fixed, out_of_box, stop_all, wait_exit, wait_ready
 
@@ -246,3 +249,57 @@ def test_an_unknown_flag_fails_with_argparses_message_and_exit_2(sim_lab: SimLab
     assert sim_lab.head.status() == {"running": False, "pid": head.pid, "exit_code": 2,
                                      "spec_sha256": head.spec_sha256, "owner": None,
                                      "log_file": "/var/lib/diag/logs/engine.log"}
+
+
+def _on(make_lab: Callable[..., SimLab], fs: str, checkpoint_gb: float | None = None) -> SimLab:
+    base = load_scenario(scenario_path("reference-kimi-k2-8spark"))
+    model = base.model if checkpoint_gb is None else {**base.model, "checkpoint_gb": checkpoint_gb}
+    return make_lab(dataclasses.replace(base, node={**base.node, "model_fs": fs}, model=model))
+
+
+def _strategy(strategy: str | None) -> dict:
+    config = out_of_box()
+    config["serving"]["safetensors_load_strategy"] = strategy
+    return config
+
+
+def test_vllms_unset_strategy_prefetches_a_checkpoint_that_fits_on_nfs_and_lazy_does_not(
+    make_lab: Callable[..., SimLab],
+) -> None:
+    # vLLM's safetensors_weights_iterator: unset prefetches on nfs/nfs4/lustre when every
+    # file fits in 90 % of the available memory; each rank prefetches its share of the files
+    # (rank::world_size), so across eight nodes an eighth of what a rank maps is read fast.
+    lab = _on(make_lab, "nfs4", checkpoint_gb=80.0)
+    unset = restart_cold(lab, _strategy(None))
+    procs = [n.processes[-1] for n in lab.nodes.values()]
+    for proc in procs:
+        log = this_launch(proc)
+        assert "Filesystem type for checkpoints: NFS4. Checkpoint size: 74.51 GiB." in log
+        assert "Prefetching checkpoint files into page cache started (in background, num_threads=8, " \
+               "block_size=16777216 bytes)" in log
+        assert "Prefetching checkpoint files into page cache finished in" in log
+    prefetched = phase(unset, "weights_load")
+    lazy = restart_cold(lab, _strategy("lazy"))
+    log = this_launch(lazy)
+    assert "Filesystem type for checkpoints: NFS4" in log and "Prefetching" not in log
+    assert "auto-prefetch" not in log.lower()  # an explicit strategy decides nothing
+    share = 1 / 8
+    expected = 1 / (share / 6.0 + (1 - share) / 0.33) / 0.33
+    assert phase(lazy, "weights_load") / prefetched == pytest.approx(expected, rel=0.05)
+
+
+@pytest.mark.parametrize(("fs", "said"), [
+    ("nfs4", "WARNING .*Network filesystem \\(NFS4\\) detected but checkpoint total size \\(556\\.00 GiB\\) "
+             "exceeds 90% of available RAM \\(\\d+\\.\\d\\d GiB\\)\\. Skipping auto-prefetch\\."),
+    ("ext4", "INFO .*Auto-prefetch is disabled because the filesystem \\(EXT4\\) is not a recognized network "
+             "FS \\(NFS/Lustre\\) and the checkpoint size"),
+])
+def test_a_checkpoint_larger_than_memory_is_never_auto_prefetched(
+    make_lab: Callable[..., SimLab], fs: str, said: str,
+) -> None:
+    lab = _on(make_lab, fs)
+    restart_cold(lab, _strategy(None))
+    for node in lab.nodes.values():
+        log = this_launch(node.processes[-1])
+        assert re.search(said, log), log[-3000:]
+        assert "Prefetching" not in log

@@ -17,6 +17,9 @@ imported or run; see lab.engines.source_eval), and writes `lab/engines/releases/
   registry, SGLang's `Envs`) and the names its code reads directly;
 - `lines`: for each log line the platform reads (LINE_FINDERS), the format strings in
   the package that write it, with file and line, or `null` when the version writes none;
+  where the string is a logger call's message, its `level` (debug, info, warning, error,
+  critical) and, for vLLM's `*_once` calls, `once`: the call's scope (`local` by default:
+  each node's first rank; `global`: rank 0 only; `process`: every process);
 - `metrics`: the Prometheus metric names it registers (`vllm:`/`sglang:`);
 - `notes`: what the evaluator could not follow (a condition or loop it could not decide,
   a call that received the parser), so a gap is visible rather than silent.
@@ -811,6 +814,38 @@ class SourceScan:
     literals: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     env_reads: dict[str, set[str]] = field(default_factory=dict)
     metric_calls: list[tuple[str, ast.Call]] = field(default_factory=list)
+    # Literals that are a logger call's message: (path, line, text) -> level and once-scope.
+    log_calls: dict[tuple[str, int, str], dict[str, str]] = field(default_factory=dict)
+
+
+# logger.info(...), logger.warning_once(...), init_logger(...).error(...): the method names
+# Python's logging has, and vLLM's `_once` forms (vllm/logger.py: printed once per message
+# and arguments; by default only on each node's first rank, scope="local").
+_LOG_METHOD = re.compile(r"^(debug|info|warning|warn|error|critical|exception)(_once)?$")
+_LEVELS = {"warn": "warning", "exception": "error"}
+VLLM_ONCE_DEFAULT_SCOPE = "local"
+
+
+def _log_call(node: ast.Call) -> tuple[ast.AST, dict[str, str]] | None:
+    """The message literal of a logger call and its level (and once-scope), else None."""
+    func = node.func
+    if not isinstance(func, ast.Attribute) or not node.args:
+        return None
+    match = _LOG_METHOD.match(func.attr)
+    if match is None:
+        return None
+    message = node.args[0]
+    while isinstance(message, ast.BinOp):  # "..." % args, "..." + "..."
+        message = message.left
+    if not (isinstance(message, ast.JoinedStr)
+            or (isinstance(message, ast.Constant) and isinstance(message.value, str))):
+        return None
+    meta = {"level": _LEVELS.get(match.group(1), match.group(1))}
+    if match.group(2):
+        scope = next((kw.value for kw in node.keywords if kw.arg == "scope"), None)
+        meta["once"] = (str(scope.value) if isinstance(scope, ast.Constant)
+                        else VLLM_ONCE_DEFAULT_SCOPE)
+    return message, meta
 
 
 def scan_sources(trees: Mapping[str, ast.Module]) -> SourceScan:
@@ -820,19 +855,29 @@ def scan_sources(trees: Mapping[str, ast.Module]) -> SourceScan:
             continue
         literals: list[tuple[int, str]] = []
         skip: set[int] = set()
+        messages: dict[int, dict[str, str]] = {}
         for node in ast.walk(trees[path]):  # breadth first: parents before children
             if id(node) in skip:
                 continue
+            text: str | None = None
+            at = 0
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 skip.add(id(node.value))  # docstrings and bare strings are not output
             elif isinstance(node, ast.JoinedStr):
                 skip.update(id(n) for n in ast.walk(node) if n is not node)
-                literals.append((node.lineno, _template(node)))
+                text, at = _template(node), node.lineno
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                literals.append((node.lineno, node.value))
-            elif isinstance(node, ast.Call) and _METRIC_CALL.search(
-                    ast.unparse(node.func).rpartition(".")[2]):
-                scan.metric_calls.append((path, node))
+                text, at = node.value, node.lineno
+            elif isinstance(node, ast.Call):
+                logged = _log_call(node)
+                if logged is not None:
+                    messages[id(logged[0])] = logged[1]
+                if _METRIC_CALL.search(ast.unparse(node.func).rpartition(".")[2]):
+                    scan.metric_calls.append((path, node))
+            if text is not None:
+                literals.append((at, text))
+                if id(node) in messages:
+                    scan.log_calls[(path, at, text)] = messages[id(node)]
             if isinstance(node, ast.Call | ast.Subscript | ast.Compare):
                 name = _env_read(node)
                 if name is not None:
@@ -873,7 +918,9 @@ def find_lines(engine: str, sources: Mapping[str, str], scan: SourceScan) -> dic
                 continue
             for lineno, text in scan.literals[path]:
                 if regex.search(text):
-                    hits.append({"file": path, "line": lineno, "text": text})
+                    # The level (and once-scope) where the literal is a logger call's message.
+                    hits.append({"file": path, "line": lineno, "text": text,
+                                 **scan.log_calls.get((path, lineno, text), {})})
         out[key] = {"pattern": finder.pattern, "found": hits or None}
     return out
 

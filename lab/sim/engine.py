@@ -376,6 +376,7 @@ class EngineProcess:
         self.log_path = log_path
         self.started = started
         self.rank = 0
+        self._once_written: set[tuple[str, int, str]] = set()  # vLLM's *_once lines written
         self.engine = str(spec.get("engine", "vllm"))
         self.release: Release | None = None
         self.exit_code: int | None = None
@@ -465,11 +466,21 @@ class EngineProcess:
         assert self.release is not None, "the release is known once the argv is parsed"
         return self.release
 
-    def log(self, t: float, line: Line, message: str, level: str = "INFO", *,
+    def log(self, t: float, line: Line, message: str, level: str | None = None, *,
             scheduler: bool = True) -> None:
         """One engine log line: `message` is `line` (a format string of the release)
-        filled. vLLM's prefix names the line's file and line number; SGLang's names the
-        scheduler's TP rank (`scheduler=False` for the HTTP server's own lines)."""
+        filled, at the level its logger call has in the release (INFO where the table has
+        none). vLLM's prefix names the line's file and line number; SGLang's names the
+        scheduler's TP rank (`scheduler=False` for the HTTP server's own lines). A vLLM
+        `*_once` line is written once per message, on rank 0 only with scope "global"."""
+        if line.once is not None:
+            if line.once == "global" and self.rank != 0:
+                return
+            key = (line.file, line.line, message)
+            if key in self._once_written:
+                return
+            self._once_written.add(key)
+        level = level or (line.level or "info").upper()
         self.write_raw([self._format(self.stamp(t), line.source, message, level, scheduler)])
 
     def _format(self, stamp: float, source: str, message: str, level: str, scheduler: bool) -> str:
@@ -900,7 +911,7 @@ class EngineProcess:
         self.log(t, gemm, gemm.pct(kernel))
         if "marlin" in (moe, linear):
             marlin = rel.line("marlin_fp4", file="marlin.py")
-            self.log(t, marlin, marlin.text, "WARNING")
+            self.log(t, marlin, marlin.text)
 
     # -- 4. weights ---------------------------------------------------------------------------------
     def _load_weights(self, t: float, config: dict[str, Any], nodes_used: int) -> float:
@@ -998,8 +1009,7 @@ class EngineProcess:
         if strategy is None and not (network and fits):
             if network:
                 line = self.rel.line("prefetch_decision", startswith="Network filesystem")
-                self.log(t, line, line.pct(fs_name, checkpoint / GIB, PREFETCH_RAM_PCT, available / GIB),
-                         "WARNING")
+                self.log(t, line, line.pct(fs_name, checkpoint / GIB, PREFETCH_RAM_PCT, available / GIB))
             elif fits:
                 line = self.rel.line("prefetch_decision", contains="If you want to force")
                 self.log(t, line, line.pct(fs_name))
@@ -1008,7 +1018,7 @@ class EngineProcess:
                 self.log(t, line, line.pct(fs_name, checkpoint / GIB, PREFETCH_RAM_PCT, available / GIB))
         elif strategy == "prefetch" and not fits:
             line = self.rel.line("prefetch_decision", startswith="safetensors_load_strategy=")
-            self.log(t, line, line.pct(checkpoint / GIB, PREFETCH_RAM_PCT, available / GIB), "WARNING")
+            self.log(t, line, line.pct(checkpoint / GIB, PREFETCH_RAM_PCT, available / GIB))
         if prefetch:
             line = self.rel.line("prefetch_run", contains="started")
             self.log(t, line, line.pct(PREFETCH_THREADS, PREFETCH_BLOCK_BYTES))

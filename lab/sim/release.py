@@ -33,6 +33,11 @@ class Line:
     text: str
     file: str
     line: int
+    # The logger call's level and, for vLLM's *_once calls, its scope ("local": each
+    # node's first rank, "global": rank 0 only, "process": every process); None where
+    # the table has none (a literal that is not a logger call's message).
+    level: str | None = None
+    once: str | None = None
 
     @property
     def source(self) -> str:
@@ -78,7 +83,8 @@ class Release:
 
     def lines(self, key: str) -> list[Line]:
         entry = self.table["lines"].get(key) or {}
-        return [Line(str(f["text"]), str(f["file"]), int(f["line"])) for f in entry.get("found") or []]
+        return [Line(str(f["text"]), str(f["file"]), int(f["line"]), f.get("level"), f.get("once"))
+                for f in entry.get("found") or []]
 
     def has_line(self, key: str, **which: str) -> bool:
         try:

@@ -1,0 +1,85 @@
+"""Every line the simulated vLLM writes with a source is its release's: the format string at
+that file and line of the table (lab/engines/releases/*.json), at the level of the release's
+logger call, and a `*_once` line no more than once per message on a node."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from collections.abc import Callable
+from pathlib import PurePosixPath
+from typing import Any
+
+import pytest
+
+from lab.engines.lines import pattern_text
+from lab.engines.tables import release
+from lab.scenarios import scenario_path
+from lab.sim.lab import SimLab
+from lab.sim.scenario import load_scenario
+
+from .conftest import launch, load_path_fixed, out_of_box, stop_all, wait_ready
+
+# tqdm's bar (model_loader/weight_utils.py, rank 0): the simulator stamps it like a log line
+# so that the triage can time the shards; a real node's bar carries only its own elapsed
+# field (lab/sim/README.md). Its description is the table's; the rest is tqdm's.
+TQDM_BAR = re.compile(r"^(?P<desc>.+?): +\d+% Completed \| \d+/\d+ "
+                      r"\[[\d:]+<[\d:?]+, +[\d.?]+(?:s/it|it/s)\]$")
+VLLM_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d "
+                       r"\[([\w.]+):(\d+)\] (.*)$")
+
+
+def _entries(version: str) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """The table's format strings by (file name, line), as vLLM's prefix names them."""
+    out: dict[tuple[str, int], list[dict[str, Any]]] = collections.defaultdict(list)
+    for entry in release("vllm", version)["lines"].values():
+        for found in (entry or {}).get("found") or []:
+            out[(PurePosixPath(found["file"]).name, int(found["line"]))].append(found)
+    return out
+
+
+def _written(lab: SimLab, config: dict[str, Any]) -> dict[str, list[str]]:
+    for node in lab.nodes.values():
+        node.drop_caches()
+    procs = launch(lab, config)
+    wait_ready(procs)
+    logs = {p.node.name: p.log_path.read_text().splitlines() for p in procs}
+    stop_all(lab)
+    return logs
+
+
+@pytest.mark.parametrize("version", ["0.29.0", "0.34.0"])
+def test_every_sourced_line_is_the_releases_at_its_level_and_once_where_it_says(
+    make_lab: Callable[..., SimLab], version: str,
+) -> None:
+    base = load_scenario(scenario_path("reference-kimi-k2-8spark"))
+    lab = make_lab(dataclasses.replace(base, engine={**base.engine, "version": version}))
+    entries = _entries(version)
+    checked = 0
+    for config in (out_of_box(), load_path_fixed()):
+        config["engine"] = {"name": "vllm", "version": version}
+        for node, lines in _written(lab, config).items():
+            seen: collections.Counter[tuple[str, str]] = collections.Counter()
+            for text in lines:
+                m = VLLM_LINE.match(text)
+                if m is None:
+                    continue  # tracebacks, NCCL's own lines, tqdm's bar continuation
+                level, name, number, message = m.group(1), m.group(2), int(m.group(3)), m.group(4)
+                bar = TQDM_BAR.match(message)
+                if bar is not None:
+                    assert any(bar["desc"] == c["text"] for c in entries.get((name, number), [])), text
+                    continue
+                candidates = entries.get((name, number))
+                assert candidates, f"{node}: no format string at {name}:{number} in vllm {version}: {text}"
+                match = next((c for c in candidates if re.fullmatch(pattern_text(c["text"]), message)), None)
+                assert match is not None, f"{node}: {message!r} is not {candidates[0]['text']!r}"
+                if "level" in match:
+                    assert level == match["level"].upper(), \
+                        f"{node}: {text} (the release logs {match['level']})"
+                if "once" in match:
+                    seen[(f"{name}:{number}", message)] += 1
+                    assert seen[(f"{name}:{number}", message)] == 1, f"{node}: written twice: {text}"
+                    assert match["once"] != "global" or node == "spark-01", f"{node}: rank 0 only: {text}"
+                checked += 1
+    assert checked > 100

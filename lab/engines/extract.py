@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -775,12 +776,18 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
                                     why="the rendezvous has ended"),
         "load_weight_begin": LineFinder(r"^Load weight begin"),
         "load_weight_end": LineFinder(r"[Ll]oad weight end"),
-        "cuda_graph_capture_end": LineFinder(r"^Capture .*(cuda|CUDA) graph end"),
+        "cuda_graph_capture_end": LineFinder(r"^Capture .*(cuda|CUDA) graph end|"
+                                             r"^Capture (\{capture_name\} )?\{graph_backend\[[\w.]+\]\} end",
+                                             why="the graphs are captured (the main runner's line "
+                                                 "names its backend through graph_backend[device])"),
         "startup_timings": LineFinder(r"Engine startup timings"),
         "server_ready": LineFinder(r"The server is fired up and ready to roll"),
         "moe_runner_backend": LineFinder(r"as MoE runner backend"),
         "child_failed": LineFinder(r"Received sigquit from a child process"),
-        "kv_cache_allocated": LineFinder(r"KV Cache is allocated|KV cache allocated\. "),
+        "kv_cache_allocated": LineFinder(r"KV Cache is allocated|KV cache allocated\. |"
+                                         r"^\{cache_name\} is allocated\. ",
+                                         why="the KV pool's size (0.5.23 names the cache in "
+                                             "cache_name: \"KV Cache\" unless labelled)"),
         "memory_pool_end": LineFinder(r"Memory pool end"),
         "memory_pool": LineFinder(r"^max_total_num_tokens=|max_total_num_tokens=\{"),
         "not_enough_memory": LineFinder(r"[Nn]ot enough memory"),
@@ -865,7 +872,13 @@ def scan_sources(trees: Mapping[str, ast.Module]) -> SourceScan:
                 skip.add(id(node.value))  # docstrings and bare strings are not output
             elif isinstance(node, ast.JoinedStr):
                 skip.update(id(n) for n in ast.walk(node) if n is not node)
-                text, at = _template(node), node.lineno
+                at = node.lineno
+                # Wording chosen inside a field ({'a' if c else 'b'}): each variant a literal.
+                *variants, text = _templates(node)
+                for variant in variants:
+                    literals.append((at, variant))
+                    if id(node) in messages:
+                        scan.log_calls[(path, at, variant)] = messages[id(node)]
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 text, at = node.value, node.lineno
             elif isinstance(node, ast.Call):
@@ -884,6 +897,29 @@ def scan_sources(trees: Mapping[str, ast.Module]) -> SourceScan:
                     scan.env_reads.setdefault(name, set()).add(path)
         scan.literals[path] = sorted(literals)
     return scan
+
+
+def _templates(node: ast.JoinedStr) -> list[str]:
+    """An f-string as written (`_template`), once for each choice of wording where a field
+    is a conditional between two string constants, as SGLang 0.5.23's KV line is
+    (`{'VA upper bound' if self.post_capture_active else 'is allocated'}`): the variants
+    are what the package can print, so each is searched and quoted as its own string."""
+    choices: list[list[str]] = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            choices.append([str(value.value)])
+        elif (isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.IfExp)
+              and value.conversion == -1 and value.format_spec is None
+              and all(isinstance(v, ast.Constant) and isinstance(v.value, str)
+                      for v in (value.value.body, value.value.orelse))):
+            body, orelse = value.value.body, value.value.orelse
+            assert isinstance(body, ast.Constant) and isinstance(orelse, ast.Constant)
+            choices.append([str(body.value), str(orelse.value)])
+        else:
+            choices.append([_template(ast.JoinedStr(values=[value]))])
+    if all(len(c) == 1 for c in choices):
+        return [_template(node)]
+    return ["".join(parts) for parts in itertools.product(*choices)]
 
 
 def _template(node: ast.JoinedStr) -> str:

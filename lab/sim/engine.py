@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from lab.sim.node import NodePaths
 
 SHARDS = 64
+# The batch sizes SGLang captures graphs for by default on a small-memory GPU (its
+# server_args: 1, 2, 4, 8 and then steps of 8), as 0.5.23's capture line lists them.
+CAPTURE_BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48]
 GIB = 1024**3
 # Seconds of a rendezvous wait after which torch.distributed gives up (its store timeout).
 RENDEZVOUS_TIMEOUT_S = 1800.0
@@ -1091,12 +1094,14 @@ class EngineProcess:
         rel = self.rel
         if self.engine == "sglang":
             free = float(scenario.node["cuda_free_gib"]) - weights_gib - available
-            line = rel.line("kv_cache_allocated", contains="KV size")
-            if line.text.count("%") >= 4:  # 0.5.23: "Post-capture KV sizing: KV cache allocated. ..."
-                self.log(t, line, line.pct(dtype if dtype == "bf16" else "torch.float8_e4m3fn", tokens,
-                                           available, free))
-            else:
-                self.log(t, line, line.fmt(num_tokens=tokens, kv_size_GB=available))
+            # The pool's own line (mem_cache/memory_pool.py; MLA pools report one KV size).
+            # 0.5.23's "Post-capture KV sizing" variant needs SGLANG_ENABLE_POST_CAPTURE_KV_SIZING
+            # and is never written for MLA models: not this one.
+            line = next(x for x in rel.lines("kv_cache_allocated")
+                        if x.file.endswith("mem_cache/memory_pool.py") and "KV size" in x.text)
+            torch_dtype = "torch.bfloat16" if dtype == "bf16" else "torch.float8_e4m3fn"
+            self.log(t, line, line.fmt({"cache_name": "KV Cache", "self.dtype": torch_dtype,
+                                        "num_tokens": tokens, "kv_size_GB": available}))
             pool = rel.line("memory_pool_end")
             self.log(t, pool, pool.fmt({"get_available_gpu_memory(self.device, self.gpu_id)": free}))
             if tokens < max_len and rel.has_line("kv_pool_short"):
@@ -1134,15 +1139,20 @@ class EngineProcess:
             self.log(t, line, line.pct(capture_s, GRAPH_POOL_GIB))
             return
         free = float(self.node.scenario.node["cuda_free_gib"]) - used_gib - GRAPH_POOL_GIB
-        values = {"time.perf_counter() - tic": capture_s, "capture_time": capture_s,
-                  "mem_usage": GRAPH_POOL_GIB, "after_mem": free, "capture_name": "decode",
-                  "before_mem - after_mem": GRAPH_POOL_GIB * 0.1}
-        if rel.has_line("cuda_graph_capture_end", file="cuda_graph_setup.py"):
-            main = rel.line("cuda_graph_capture_end", file="cuda_graph_setup.py")
-        else:
-            main = rel.line("cuda_graph_capture_end", file="model_executor/model_runner.py")
-        self.log(t, main, main.fmt(values))
         spec = config.get("speculative") or {}
+        # The main runner's line names its backend through graph_backend[device] ("cuda
+        # graph" in 0.5.12's model_runner.py, "CUDA graph" in 0.5.23's cuda_graph_setup.py)
+        # and 0.5.23 the role and step it captured ("target verify" under speculation).
+        values = {"time.perf_counter() - tic": capture_s, "capture_time": capture_s,
+                  "mem_usage": GRAPH_POOL_GIB, "memory_usage_gb": GRAPH_POOL_GIB,
+                  "self.graph_mem_usage": GRAPH_POOL_GIB, "after_mem": free,
+                  "graph_backend[self.device]": "cuda graph",
+                  "graph_backend[model_runner.device]": "CUDA graph",
+                  "capture_name": "target verify" if spec.get("method") else "target decode",
+                  "runner.capture_bs": CAPTURE_BATCH_SIZES,
+                  "before_mem - after_mem": GRAPH_POOL_GIB * 0.1}
+        main = next(x for x in rel.lines("cuda_graph_capture_end") if "{graph_backend[" in x.text)
+        self.log(t, main, main.fmt(values))
         if spec.get("method") == "eagle3":
             draft = next((x for x in rel.lines("cuda_graph_capture_end")
                           if "eagle_worker" in x.file and x.text.startswith("Capture draft ")), None)
@@ -1151,7 +1161,7 @@ class EngineProcess:
 
     def _sglang_pool_line(self, t: float, config: dict[str, Any], used_gib: float) -> None:
         """The scheduler's summary once its pools exist (scheduler.py)."""
-        line = self.rel.line("memory_pool", file="managers/scheduler.py")
+        line = self.rel.line("memory_pool", file="managers/scheduler.py", contains=", available_gpu_mem=")
         serving = config.get("serving", {})
         max_len = int(serving.get("max_model_len") or self.node.scenario.model["max_context"])
         free = float(self.node.scenario.node["cuda_free_gib"]) - used_gib - GRAPH_POOL_GIB
@@ -1160,7 +1170,6 @@ class EngineProcess:
             "self.server_args.chunked_prefill_size": 8192, "get_schedule().chunked_prefill_size": 8192,
             "self.max_prefill_tokens": 16384, "self.max_running_requests": 48,
             "self.model_config.context_len": max_len,
-            "'available_cpu_mem' if self.device == 'cpu' else 'available_gpu_mem'": "available_gpu_mem",
             "avail_mem": free, "self.startup_available_gpu_memory_gb": free}))
 
     # -- 8. ready ---------------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ def test_sglang_below_native_is_read_from_its_own_kv_line_and_proved(
     document = json.loads((out / "findings.json").read_text())
     (finding,) = [f for f in document["findings"] if f["code"] == "context.native"]
     assert finding["change"]["config"] == {"serving.max_model_len": {"from": 131072, "to": NATIVE}}
-    assert any("KV cache allocated" in line for line in finding["evidence"]["engine_lines"])
+    assert any("KV Cache is allocated" in line for line in finding["evidence"]["engine_lines"])
     assert finding["evidence"]["request"]["total_tokens"] == NATIVE
 
 

@@ -157,9 +157,13 @@ def test_the_engines_refusal_and_capacity_lines_give_the_figures() -> None:
     assert said is not None and said.tokens == 439448 and said.available_gib == 14.38
     assert said.bytes_per_token == pytest.approx(FP8, rel=1e-3)
     assert len(capacity_lines(log, "vllm")) == 2
-    # SGLang 0.5.23's allocation line.
-    line = fill(formats("sglang", "0.5.23", "kv_cache_allocated")[0],
-                ("torch.float8_e4m3fn", 439448, 14.38, 10.0))
+    # SGLang 0.5.23's allocation line: the pool's own (mem_cache/memory_pool.py), which names
+    # the cache in a field and, for MLA pools, gives one KV size.
+    text = next(t for t in formats("sglang", "0.5.23", "kv_cache_allocated")
+                if t.startswith("{cache_name} is allocated") and "KV size" in t)
+    line = fill(text, fields={"cache_name": "KV Cache", "self.dtype": "torch.float8_e4m3fn",
+                              "num_tokens": 439448, "kv_size_GB": 14.38})
+    assert line.startswith("KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 439448")
     sglang = kv_from_log(f"[2026-12-05 09:48:26 TP0] {line}", fp8, engine="sglang", weights_gib=WEIGHTS,
                          profile=PROFILE)
     assert sglang is not None and sglang.tokens == 439448 and sglang.available_gib == 14.38

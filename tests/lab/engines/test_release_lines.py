@@ -187,8 +187,10 @@ def test_sglang_startup_lines(version: str) -> None:
     timed = [t for t in formats("sglang", version, "cuda_graph_capture_end") if "{" in t]
     assert timed
     for text in timed:
-        values = {"capture_name": "decode", "capture_time": 25.74,
-                  "time.perf_counter() - tic": 25.74, "mem_usage": 2.66,
+        values = {"capture_name": "target decode", "capture_time": 25.74,
+                  "time.perf_counter() - tic": 25.74, "mem_usage": 2.66, "memory_usage_gb": 2.66,
+                  "self.graph_mem_usage": 2.66, "graph_backend[self.device]": "cuda graph",
+                  "graph_backend[model_runner.device]": "CUDA graph", "runner.capture_bs": [1, 2, 4],
                   "before_mem - after_mem": 2.66, "after_mem": 30.1, "step": 2}
         event = the("sglang", fill(text, fields=values), version, "graph_capture")
         assert (event["seconds"], event["memory_gb"]) == (25.74, 2.66)
@@ -205,7 +207,7 @@ def test_sglang_startup_lines(version: str) -> None:
             continue
         line = fill(text, ["fp8_e4m3", 30192, 4.12, 20.5],
                     {"num_tokens": 30192, "k_size_GB": 2.06, "v_size_GB": 2.06,
-                     "kv_size_GB": 4.12})
+                     "kv_size_GB": 4.12, "cache_name": "KV Cache", "self.dtype": "torch.float8_e4m3fn"})
         assert the("sglang", line, version, "kv_cache")["tokens"] == 30192
 
 

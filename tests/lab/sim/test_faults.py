@@ -183,7 +183,7 @@ def test_sglang_starts_with_a_kv_pool_shorter_than_its_context_and_says_so(
     config["serving"]["kv_cache_dtype"] = "auto"
     head = wait_ready(launch(lab, config))
     text = head.log_path.read_text()
-    allocated = re.search(r"KV cache allocated\. .*#tokens: (\d+)", text)
+    allocated = re.search(r"KV Cache is allocated\. dtype: torch.bfloat16, #tokens: (\d+)", text)
     warned = re.search(r"KV pool holds (\d+) tokens, fewer than --context-length 262144\. One full-length "
                        r"request cannot fit", text)
     assert allocated is not None and warned is not None and allocated[1] == warned[1]

@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
+import yaml
 
 from lab.engines.lines import pattern_text
 from lab.engines.tables import release
@@ -19,7 +20,7 @@ from lab.scenarios import scenario_path
 from lab.sim.lab import SimLab
 from lab.sim.scenario import load_scenario
 
-from .conftest import launch, load_path_fixed, out_of_box, stop_all, wait_ready
+from .conftest import REPO, launch, load_path_fixed, out_of_box, stop_all, wait_ready
 
 # tqdm's bar (model_loader/weight_utils.py, rank 0): the simulator stamps it like a log line
 # so that the triage can time the shards; a real node's bar carries only its own elapsed
@@ -83,3 +84,33 @@ def test_every_sourced_line_is_the_releases_at_its_level_and_once_where_it_says(
                     assert match["once"] != "global" or node == "spark-01", f"{node}: rank 0 only: {text}"
                 checked += 1
     assert checked > 100
+
+
+SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: TP\d+)?\] (.*)$")
+
+
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.23"])
+def test_every_sglang_line_is_one_of_its_releases_format_strings(
+    make_lab: Callable[..., SimLab], version: str,
+) -> None:
+    # SGLang's prefix names no source: each message must be one of the release's strings
+    # (the KV pool's own line, the main graph runner's capture line, not rarer variants).
+    base = load_scenario(scenario_path("reference-kimi-k2-8spark-sglang"))
+    lab = make_lab(dataclasses.replace(base, engine={**base.engine, "version": version}))
+    table = release("sglang", version)["lines"]
+    patterns = [(key, re.compile(pattern_text(found["text"])))
+                for key, entry in table.items() for found in (entry or {}).get("found") or []]
+    config = yaml.safe_load((REPO / "examples" / "configs" / "kimi-k2-8spark-sglang.yaml").read_text())
+    config["engine"] = {"name": "sglang", "version": version}
+    keys: set[str] = set()
+    for node, lines in _written(lab, config).items():
+        for text in lines:
+            m = SGLANG_LINE.match(text)
+            if m is None:
+                continue
+            hit = next((key for key, p in patterns if p.fullmatch(m.group(1))), None)
+            assert hit is not None, f"{node}: not a string of sglang {version}: {text}"
+            # Where the release words a line by device, the CUDA wording.
+            assert "available_cpu_mem" not in text and "cpu graph" not in text.lower(), text
+            keys.add(hit)
+    assert {"kv_cache_allocated", "cuda_graph_capture_end", "server_ready"} <= keys

@@ -213,6 +213,10 @@ def env_name_problem(name: str, engine: str, version: str) -> str | None:
             return f"{label} does not read {name}, and has no flag that chooses {moved['what']}"
         return (f"{label} does not read {name}; {moved['what']} is chosen by {moved['flag']} "
                 f"(set {moved['field']})")
+    renamed = "SGLANG_" + name.removeprefix("SGL_")
+    if name.startswith("SGL_") and renamed in allowed:
+        # SGLang moved its SGL_* variables to SGLANG_* (0.5.23 reads only the new names).
+        return f"{label} does not read {name}; it reads {renamed} instead"
     if env_rules.listed_for_engine(engine, name):
         return f"{label} does not read {name} (it is not among its environment variables); {listing}"
     return f"is not a variable the lab permits for {label}; {listing}"

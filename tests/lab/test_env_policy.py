@@ -138,7 +138,6 @@ def test_what_the_lab_permits_is_accepted_at_intake_and_on_the_node(
 @pytest.mark.parametrize(("engine", "reads", "lacks", "name"), [
     ("vllm", "0.29.0", "0.34.0", "VLLM_ENGINE_ITERATION_TIMEOUT_S"),
     ("sglang", "0.5.12", "0.5.23", "SGLANG_CUTLASS_MOE"),
-    ("sglang", "0.5.12", "0.5.23", "SGL_DG_USE_NVRTC"),
 ])
 def test_a_variable_one_version_reads_and_another_does_not(engine: str, reads: str, lacks: str,
                                                            name: str) -> None:
@@ -278,3 +277,16 @@ def test_each_vllm_rank_names_its_own_address_and_nothing_else_does() -> None:
     assert on_node({"VLLM_HOST_IP": "10.11.0.11"}, "vllm", "0.34.0") is None
     problem = on_node({"VLLM_HOST_IP": "10.0.0.1; id"}, "vllm", "0.34.0")
     assert problem is not None and "takes an IP address" in problem[1]
+
+
+def test_an_sgl_variable_0_5_23_renamed_points_to_its_new_name() -> None:
+    # 0.5.12 reads SGL_DG_USE_NVRTC and SGLANG_DG_USE_NVRTC; 0.5.23 only the SGLANG_ one
+    # (both releases' tables): the refusal names the variable to set instead.
+    assert env_name_problem("SGL_DG_USE_NVRTC", "sglang", "0.5.12") is None
+    problem = env_name_problem("SGL_DG_USE_NVRTC", "sglang", "0.5.23")
+    assert problem == "SGLang 0.5.23 does not read SGL_DG_USE_NVRTC; it reads SGLANG_DG_USE_NVRTC instead"
+    with pytest.raises(ConfigError, match="it reads SGLANG_DG_USE_NVRTC instead") as err:
+        normalize_config({"engine": {"name": "sglang", "version": "0.5.23"},
+                          "env": {"SGL_DG_USE_NVRTC": "1"}})
+    assert err.value.field == "env.SGL_DG_USE_NVRTC"
+    assert on_node({"SGL_DG_USE_NVRTC": "1"}, "sglang", "0.5.23") is not None

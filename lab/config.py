@@ -213,6 +213,9 @@ def env_name_problem(name: str, engine: str, version: str) -> str | None:
             return f"{label} does not read {name}, and has no flag that chooses {moved['what']}"
         return (f"{label} does not read {name}; {moved['what']} is chosen by {moved['flag']} "
                 f"(set {moved['field']})")
+    hint = env_rules.removed_hint(engine, version, name)
+    if hint is not None:
+        return f"{label} removed {name} and refuses to start with it set: {hint}"
     renamed = "SGLANG_" + name.removeprefix("SGL_")
     if name.startswith("SGL_") and renamed in allowed:
         # SGLang moved its SGL_* variables to SGLANG_* (0.5.23 reads only the new names).

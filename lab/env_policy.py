@@ -147,6 +147,13 @@ def version_reads(engine: str, version: str) -> frozenset[str]:
         frozenset(env.get("deprecated_aliases") or {})
 
 
+def removed_hint(engine: str, version: str, name: str) -> str | None:
+    """The release's own migration hint for a variable it removed and refuses at start
+    (vLLM 0.34.0's envs.py removed_environment_variables), else None."""
+    hint = (_release(engine, version)["env"].get("removed") or {}).get(name)
+    return str(hint) if hint is not None else None
+
+
 def has_flag(engine: str, version: str, option: str) -> bool:
     """Whether `engine` `version` has the command-line option `option`."""
     return any(option in entry["option_strings"]

@@ -647,7 +647,15 @@ def vllm_env(ev: SourceEval) -> dict[str, Any]:
     registry = ev.module_global(mod, "environment_variables")
     if not isinstance(registry, dict) or is_unresolved(list(registry)):
         raise ExtractError("vllm.envs.environment_variables is not a dict known statically")
-    return {"registry": sorted(registry), "registry_source": f"{mod.path}: environment_variables"}
+    out: dict[str, Any] = {"registry": sorted(registry),
+                           "registry_source": f"{mod.path}: environment_variables"}
+    # 0.34.0 refuses variables it removed, with a migration hint, where 0.29.0 warned of an
+    # unknown one (envs.py removed_environment_variables; absent before).
+    removed = ev.module_global(mod, "removed_environment_variables")
+    if isinstance(removed, dict) and not is_unresolved(list(removed)) \
+            and all(isinstance(v, str) for v in removed.values()):
+        out["removed"] = dict(sorted(removed.items()))
+    return out
 
 
 def sglang_env(ev: SourceEval) -> dict[str, Any]:

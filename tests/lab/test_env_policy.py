@@ -290,3 +290,14 @@ def test_an_sgl_variable_0_5_23_renamed_points_to_its_new_name() -> None:
                           "env": {"SGL_DG_USE_NVRTC": "1"}})
     assert err.value.field == "env.SGL_DG_USE_NVRTC"
     assert on_node({"SGL_DG_USE_NVRTC": "1"}, "sglang", "0.5.23") is not None
+
+
+def test_a_variable_vllm_removed_is_refused_with_the_releases_own_hint() -> None:
+    # vllm 0.34.0's envs.py removed_environment_variables: setting one is an error at start.
+    with pytest.raises(ConfigError, match=r"vLLM 0\.34\.0 removed VLLM_MARLIN_INPUT_DTYPE and refuses to "
+                                          r"start with it set: Marlin no longer supports 8-bit "
+                                          r"activations\. Use `--quantization humming`") as err:
+        normalize_config({"engine": {"name": "vllm", "version": "0.34.0"},
+                          "env": {"VLLM_MARLIN_INPUT_DTYPE": "int8"}})
+    assert err.value.field == "env.VLLM_MARLIN_INPUT_DTYPE"
+    assert "removed" not in (env_name_problem("VLLM_MARLIN_INPUT_DTYPE", "vllm", "0.29.0") or "")

@@ -799,6 +799,10 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
         "memory_pool_end": LineFinder(r"Memory pool end"),
         "memory_pool": LineFinder(r"^max_total_num_tokens=|max_total_num_tokens=\{"),
         "not_enough_memory": LineFinder(r"[Nn]ot enough memory"),
+        "fastsafetensors_missing": LineFinder(r"Please install fastsafetensors",
+                                              paths=("sglang/srt/model_loader/",),
+                                              why="--load-format fastsafetensors on a node without "
+                                                  "the package (SGLang does not depend on it)"),
         # A KV pool shorter than the context (0.5.23's tp_worker.py warns; 0.5.12 does not),
         # and the refusals of a request longer than the pool or the context.
         "kv_pool_short": LineFinder(r"^KV pool holds", paths=("sglang/srt/managers/",)),

@@ -935,6 +935,17 @@ class EngineProcess:
         disk_s = (weights - cached) / read_gbs
         total = cache_s + disk_s
         end = t + total
+        free = float(self.node.scenario.node["cuda_free_gib"])
+        if self.engine == "sglang" and loader == "fastsafetensors" \
+                and not self.node.scenario.node["fastsafetensors"]:
+            # SGLang does not depend on the package: its iterator raises at the first read.
+            begin = self.rel.line("load_weight_begin")
+            self.log(t, begin, begin.fmt({"get_available_gpu_memory(self.device, self.gpu_id)": free}))
+            missing = self.rel.line("fastsafetensors_missing")
+            self._fail_in_core("ImportError", missing.text, frames=[
+                *_SGLANG_INIT_FRAMES,
+                (f"{SITE}/{missing.file}", missing.line - 1, "fastsafetensors_weights_iterator",
+                 "raise ImportError(")])
         self._phase("weights_load", t, end, None, loader=loader)
         # Hardware activity: first what the page cache still holds, then the disk.
         if cache_s > 0:
@@ -944,7 +955,6 @@ class EngineProcess:
         self.node.hardware.begin_load(t + cache_s, end, cached, weights, loader)
         self.node.hardware.engine_memory_ramp(t, end, weights * 1e9 / GIB)
         gib = weights * 1e9 / GIB
-        free = float(self.node.scenario.node["cuda_free_gib"])
 
         def shard_done(i: int) -> float:
             gb = (i + 1) / SHARDS * weights

@@ -221,3 +221,28 @@ def test_a_skewed_node_reports_everything_by_its_own_clock(make_lab: Callable[..
     samples = node.telemetry_between(started, started + 5)
     assert [s["t"] for s in samples] == [t + 3600 for t in range(int(started) + 1, int(started) + 6)]
     assert other.telemetry_between(started, started + 1)[0]["t"] == int(started) + 1
+
+
+def test_sglangs_fast_loader_on_a_node_without_fastsafetensors_fails_at_the_first_read(
+        make_lab: Callable[..., SimLab]) -> None:
+    """SGLang does not depend on fastsafetensors: --load-format fastsafetensors on a node
+    without it starts, says it begins loading, and its iterator raises ImportError with the
+    release's words (model_loader/weight_utils.py); the facts said so beforehand."""
+    import dataclasses
+
+    import yaml
+
+    from lab.scenarios import scenario_path
+    from lab.sim.scenario import load_scenario
+    from tests.diagnostic.conftest import REFERENCE_CONFIG
+
+    base = load_scenario(scenario_path("reference-kimi-k2-8spark-sglang"))
+    lab = make_lab(dataclasses.replace(base, node={**base.node, "fastsafetensors": ""}))
+    config = yaml.safe_load((REFERENCE_CONFIG.parent / "kimi-k2-8spark-sglang.yaml").read_text())
+    config["serving"]["load_format"] = "fastsafetensors"
+    head = launch(lab, config)[0]
+    assert wait_exit(head) != 0
+    text = head.log_path.read_text()
+    assert text.index("Load weight begin.") < text.index(
+        "ImportError: Please install fastsafetensors via `pip install fastsafetensors`")
+    assert "Received sigquit from a child process" in text

@@ -19,7 +19,10 @@ imported or run; see lab.engines.source_eval), and writes `lab/engines/releases/
   the package that write it, with file and line, or `null` when the version writes none;
   where the string is a logger call's message, its `level` (debug, info, warning, error,
   critical) and, for vLLM's `*_once` calls, `once`: the call's scope (`local` by default:
-  each node's first rank; `global`: rank 0 only; `process`: every process);
+  each node's first rank; `global`: rank 0 only; `process`: every process); and, for the
+  keys whose writer the platform relies on, `writers` ("rank 0": the head's engine core,
+  which --headless nodes do not run; "every rank": each node's worker), read from the code
+  that calls the line and kept in LINE_FINDERS;
 - `metrics`: the Prometheus metric names it registers (`vllm:`/`sglang:`);
 - `notes`: what the evaluator could not follow (a condition or loop it could not decide,
   a call that received the parser), so a gap is visible rather than silent.
@@ -696,6 +699,10 @@ class LineFinder:
     paths: tuple[str, ...] = ()
     code: bool = False
     why: str = ""
+    # Which ranks write the line in a multi-node launch, read from the code that calls it
+    # and kept with the table: "rank 0" (the head's engine core or API server) or "every
+    # rank" (each node's worker); "" where the platform does not rely on it.
+    writers: str = ""
 
 
 # Where SGLang writes its batch lines (0.5.12: observability/scheduler_metrics_mixin.py;
@@ -743,11 +750,14 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
                                         paths=("vllm/compilation/",),
                                         why="a start that loaded its graphs from the kept cache"),
         "graph_capture": LineFinder(r"Graph capturing finished"),
-        "engine_init": LineFinder(r"init engine \(profile, create kv cache, warmup model\)"),
+        "engine_init": LineFinder(r"init engine \(profile, create kv cache, warmup model\)",
+                                  writers="rank 0"),
         "mq_leader": LineFinder(r"^DP group leader: ", paths=("vllm/v1/executor/",),
                                 why="the address the head's broadcast queue binds (get_ip)"),
-        "kv_cache_size": LineFinder(r"KV cache size: |Maximum concurrency for"),
-        "available_kv_memory": LineFinder(r"Available KV cache memory"),
+        # kv_cache_utils.py, called by the engine core (core.py _initialize_kv_caches), which
+        # only the head runs: --headless nodes run workers alone.
+        "kv_cache_size": LineFinder(r"KV cache size: |Maximum concurrency for", writers="rank 0"),
+        "available_kv_memory": LineFinder(r"Available KV cache memory", writers="every rank"),
         "api_server_start": LineFinder(r"^Starting vLLM (API )?server"),
         "api_server_version": LineFinder(r"vLLM API server version"),
         "moe_backend": LineFinder(r"^Using .*(NvFp4|\{self\.name\}) MoE .*backend",
@@ -970,6 +980,8 @@ def find_lines(engine: str, sources: Mapping[str, str], scan: SourceScan) -> dic
                     hits.append({"file": path, "line": lineno, "text": text,
                                  **scan.log_calls.get((path, lineno, text), {})})
         out[key] = {"pattern": finder.pattern, "found": hits or None}
+        if finder.writers:
+            out[key]["writers"] = finder.writers
     return out
 
 

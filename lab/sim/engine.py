@@ -476,6 +476,8 @@ class EngineProcess:
         none). vLLM's prefix names the line's file and line number; SGLang's names the
         scheduler's TP rank (`scheduler=False` for the HTTP server's own lines). A vLLM
         `*_once` line is written once per message, on rank 0 only with scope "global"."""
+        if line.writers == "rank 0" and self.rank != 0:
+            return  # the head's engine core or API server writes it; workers run neither
         if line.once is not None:
             if line.once == "global" and self.rank != 0:
                 return

@@ -38,6 +38,9 @@ class Line:
     # the table has none (a literal that is not a logger call's message).
     level: str | None = None
     once: str | None = None
+    # "rank 0" where only the head writes the line in a multi-node launch (the table's
+    # curated writers of its key), else None.
+    writers: str | None = None
 
     @property
     def source(self) -> str:
@@ -83,7 +86,8 @@ class Release:
 
     def lines(self, key: str) -> list[Line]:
         entry = self.table["lines"].get(key) or {}
-        return [Line(str(f["text"]), str(f["file"]), int(f["line"]), f.get("level"), f.get("once"))
+        return [Line(str(f["text"]), str(f["file"]), int(f["line"]), f.get("level"), f.get("once"),
+                     entry.get("writers"))
                 for f in entry.get("found") or []]
 
     def has_line(self, key: str, **which: str) -> bool:

@@ -56,6 +56,10 @@ PHASE_END_LINES: dict[str, tuple[str, ...]] = {
     "graph_capture": ("graph_capture", "cuda_graph_capture_end"),
     "api_ready": ("api_server_start", "server_ready"),
 }
+# Where a node writes none of a phase's ending lines, the line that ends it there: vLLM's
+# cache size in tokens comes from the head's engine core only (the tables' `writers`), and
+# a --headless worker ends its KV phase with its own "Available KV cache memory" line.
+PHASE_FALLBACK_LINES: dict[str, tuple[str, ...]] = {"kv_cache": ("available_kv_memory",)}
 # The first lines after the rendezvous that only model init or the weights write.
 MODEL_OR_WEIGHTS_LINES = ("moe_backend", "nvfp4_linear_kernel", "marlin_fp4", "load_model_begin",
                           "load_weight_begin", "shard_progress", "weights_loaded", "load_weight_end")
@@ -72,6 +76,12 @@ def phase_ends(engine: str, version: str | None) -> dict[str, re.Pattern[str]]:
     """Each phase's ending lines as `engine` `version` writes them (every modelled version's
     when None)."""
     return {phase: line_pattern(engine, keys, version) for phase, keys in PHASE_END_LINES.items()}
+
+
+@cache
+def phase_fallbacks(engine: str, version: str | None) -> dict[str, re.Pattern[str]]:
+    """PHASE_FALLBACK_LINES as `engine` `version` writes them."""
+    return {phase: line_pattern(engine, keys, version) for phase, keys in PHASE_FALLBACK_LINES.items()}
 
 
 @cache
@@ -221,9 +231,13 @@ def _phases(timeline: NodeTimeline) -> list[tuple[str, float, float]]:
     cursor = 0
     stamped = [(i, ln) for i, ln in enumerate(timeline.lines) if ln.epoch is not None]
     ends = phase_ends(timeline.engine, timeline.version)
+    fallbacks = phase_fallbacks(timeline.engine, timeline.version)
     for name in PHASES:
         pattern = ends[name]
         hit = next(((i, ln) for i, ln in stamped if i >= cursor and pattern.search(ln.message)), None)
+        if hit is None and name in fallbacks:
+            hit = next(((i, ln) for i, ln in stamped if i >= cursor and fallbacks[name].search(ln.message)),
+                       None)
         if hit is None:
             continue
         i, ln = hit

@@ -36,7 +36,8 @@ def _entries(version: str) -> dict[tuple[str, int], list[dict[str, Any]]]:
     out: dict[tuple[str, int], list[dict[str, Any]]] = collections.defaultdict(list)
     for entry in release("vllm", version)["lines"].values():
         for found in (entry or {}).get("found") or []:
-            out[(PurePosixPath(found["file"]).name, int(found["line"]))].append(found)
+            out[(PurePosixPath(found["file"]).name, int(found["line"]))].append(
+                {**found, "writers": (entry or {}).get("writers")})
     return out
 
 
@@ -78,6 +79,8 @@ def test_every_sourced_line_is_the_releases_at_its_level_and_once_where_it_says(
                 if "level" in match:
                     assert level == match["level"].upper(), \
                         f"{node}: {text} (the release logs {match['level']})"
+                if match["writers"] == "rank 0":
+                    assert node == "spark-01", f"{node}: only the head's engine core writes {text}"
                 if "once" in match:
                     seen[(f"{name}:{number}", message)] += 1
                     assert seen[(f"{name}:{number}", message)] == 1, f"{node}: written twice: {text}"

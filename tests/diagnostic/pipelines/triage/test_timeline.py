@@ -84,6 +84,19 @@ def test_a_worker_without_the_shards_bar_still_closes_its_weights_phase() -> Non
     assert (29, 195, ["silence"]) in [(s.start - t0, s.end - t0, s.kinds) for s in timeline.stalls]
 
 
+def test_a_headless_worker_ends_its_kv_phase_with_its_own_memory_line() -> None:
+    # The cache's size in tokens comes from the head's engine core (core.py ->
+    # update_kv_cache_capacity, the table's writers "rank 0"); a --headless worker writes
+    # only its worker's "Available KV cache memory" line, and its phases stay in order.
+    t0 = epoch(2026, 12, 3, 10, 0, 0)
+    lines = [x for x in log_of_a_start(t0) if "checkpoint shards" not in x and "KV cache size" not in x
+             and "Starting vLLM server" not in x]
+    timeline = read_segment("n3", "vllm", "\n".join(lines), launched_near=t0 - 1, version="0.34.0")
+    assert timeline is not None
+    assert [(name, a - t0, b - t0) for name, a, b in timeline.phases][-3:] == [
+        ("kernel_jit", 195, 345), ("kv_cache", 345, 350), ("graph_capture", 350, 435)]
+
+
 def test_a_line_another_release_writes_does_not_end_a_phase() -> None:
     # 0.29.0's model runner said "Starting to load model %s..."; 0.34.0's does not.
     t0 = epoch(2026, 12, 3, 10, 0, 0)

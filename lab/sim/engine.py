@@ -712,9 +712,10 @@ class EngineProcess:
         except OSError as exc:
             self._fail_at_startup(f"OSError: [Errno 98] error while attempting to bind on address "
                                   f"('0.0.0.0', {port}): {exc}", _VLLM_API_FRAMES[:1])
+        # The ready lines first: whoever waits on ready_at then finds them in the log.
+        self._ready_lines(api_end, port, config)
         self.ready_at = api_end
         self._phase("serving", api_end, math.inf)
-        self._ready_lines(api_end, port, config)
 
         crash = scenario.faults("engine_crash_after_s")
         if crash:

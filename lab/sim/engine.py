@@ -52,8 +52,9 @@ if TYPE_CHECKING:
     from lab.sim.node import NodePaths
 
 SHARDS = 64
-# The batch sizes SGLang captures graphs for by default on a small-memory GPU (its
-# server_args: 1, 2, 4, 8 and then steps of 8), as 0.5.23's capture line lists them.
+# The batch sizes the simulated SGLang says it captured graphs for (0.5.23's capture line
+# lists them as `bs=[...]`): the simulator's choice, up to its 48 running requests; SGLang
+# derives its own list from server_args, which this does not reproduce.
 CAPTURE_BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48]
 GIB = 1024**3
 # Seconds of a rendezvous wait after which torch.distributed gives up (its store timeout).
@@ -127,10 +128,16 @@ PREFETCH_THREADS = 8
 PREFETCH_BLOCK_BYTES = 16 * 1024 * 1024
 
 
+def fits_in_ram(checkpoint_bytes: float, available_bytes: float) -> bool:
+    """The whole checkpoint (every file in the folder, not the rank's share) within 90 % of
+    the available memory, as vLLM's iterator measures it."""
+    return checkpoint_bytes <= PREFETCH_RAM_PCT / 100 * available_bytes
+
+
 def auto_prefetches(fs_type: str, checkpoint_bytes: float, available_bytes: float) -> bool:
     """Whether vLLM's unset load strategy prefetches: a network filesystem and a checkpoint
-    (every file in the folder, not the rank's share) within 90 % of the available memory."""
-    return fs_type in NETWORK_FILESYSTEMS and checkpoint_bytes <= PREFETCH_RAM_PCT / 100 * available_bytes
+    that fits (fits_in_ram)."""
+    return fs_type in NETWORK_FILESYSTEMS and fits_in_ram(checkpoint_bytes, available_bytes)
 
 
 def prefetches(config: dict[str, Any], *, auto_prefetch: bool = False) -> bool:
@@ -981,7 +988,7 @@ class EngineProcess:
             # minutes of silence, told apart by telemetry alone.
             start = self.rel.line("load_model_begin", file="gpu/model_runner.py")
             self.log(t, start, start.text)
-            prefetching = self._prefetch_lines(t, config, fs, checkpoint, available)
+            prefetching = self._prefetch_lines(t, config, fs, checkpoint, available, auto)
             if self.rank == 0:
                 shards = self.rel.line("shard_progress", contains="safetensors")
                 self.log(t, shards, logfmt.shard_progress(shards.text, 0, SHARDS, 0.0))
@@ -1009,20 +1016,21 @@ class EngineProcess:
         return end
 
     def _prefetch_lines(self, t: float, config: dict[str, Any], fs: str, checkpoint: float,
-                        available: float) -> bool:
+                        available: float, auto: bool) -> bool:
         """What every rank's safetensors iterator says before it reads: the filesystem and
         sizes (info_once), then why it prefetches or not, in the release's words. True when
-        it prefetches (its finished line comes when the read ends)."""
+        it prefetches (its finished line comes when the read ends); `auto` is
+        auto_prefetches' answer for this node."""
         strategy = config["serving"].get("safetensors_load_strategy")
         if config["serving"].get("load_format") == "fastsafetensors" or strategy == "torchao":
             return False
         fs_name = fs.upper() if fs else "unknown"
-        fits = checkpoint <= PREFETCH_RAM_PCT / 100 * available
+        fits = fits_in_ram(checkpoint, available)
         line = self.rel.line("checkpoint_fs")
         self.log(t, line, line.pct(fs_name, checkpoint / GIB, available / GIB))
         network = fs in NETWORK_FILESYSTEMS
-        prefetch = strategy == "prefetch" or (strategy is None and network and fits)
-        if strategy is None and not (network and fits):
+        prefetch = prefetches(config, auto_prefetch=auto)
+        if strategy is None and not auto:
             if network:
                 line = self.rel.line("prefetch_decision", startswith="Network filesystem")
                 self.log(t, line, line.pct(fs_name, checkpoint / GIB, PREFETCH_RAM_PCT, available / GIB))

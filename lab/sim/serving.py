@@ -335,7 +335,8 @@ class EngineCore:
         clock, so sleep error never accumulates. The start is the request's `arrival`
         (monotonic seconds) so that parsing and planning count inside the first step;
         when they took longer than it, the whole schedule shifts so that the first token
-        leaves now and every later interval keeps its exact length. A client that goes
+        leaves now and every later interval keeps its exact length; the decode steps are
+        paced from the first token as it actually left. A client that goes
         away (`peer_gone`, or `emit` returning False) aborts the request when the engine
         sees disconnects; otherwise it runs on unseen to its end, an orphan still counted
         and logged.
@@ -363,6 +364,12 @@ class EngineCore:
                 if self._stop.wait(max(0.0, deadline - time.monotonic())):
                     outcome = "stopped"
                     break
+                if i == 0:
+                    # The decode is paced from the first token as it actually leaves: a stall
+                    # of the simulating machine before it (a busy host; `dilation` lab seconds
+                    # per wall second of it) shows as a later first token only, instead of a
+                    # burst that catches the schedule up and reads as an impossible rate.
+                    start += max(0.0, time.monotonic() - deadline)
                 if listening and peer_gone():
                     listening, outcome = self._client_left(record)
                     if outcome == "aborted":

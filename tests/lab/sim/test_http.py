@@ -541,6 +541,40 @@ def test_single_stream_keeps_the_scheduled_pace(start: Callable[..., Started], t
     assert scheduled == pytest.approx(plan.rate, rel=0.15)
 
 
+class _StallsOnce(threading.Event):
+    """The engine's stop event whose first wait overruns by `stall` wall seconds: the
+    simulating host descheduled the request's thread just before its first token."""
+
+    def __init__(self, stall: float) -> None:
+        super().__init__()
+        self.stall = stall
+
+    def wait(self, timeout: float | None = None) -> bool:
+        stall, self.stall = self.stall, 0.0
+        stopped = super().wait(timeout)
+        time.sleep(stall)
+        return stopped
+
+
+def test_a_host_stall_before_the_first_token_delays_it_and_not_the_decode_pace(
+    start: Callable[..., Started], tokenizer: Tokenizer,
+) -> None:
+    dilation = 10.0
+    s = start(dilation=dilation, speculative=None)
+    body = {"model": MODEL, "prompt": CODE_PROMPT, "max_tokens": 120, "ignore_eos": True, "temperature": 0}
+    stream(s.client, "/v1/completions", body)  # a first request, paced as usual
+    s.engine.core._stop = _StallsOnce(0.5)  # 5 lab s at this dilation, most of the decode's ~7 s
+    out = stream(s.client, "/v1/completions", body)
+    steps = s.engine.core.history()[-1].schedule.steps
+    n = count_tokens(tokenizer, out.text)
+    measured = (n - 1) / ((out.arrivals[-1] - out.arrivals[0]) * dilation)
+    scheduled = (n - 1) / (sum(step.lab_ms for step in steps[1:]) / 1000)
+    # Caught up on the first schedule instead, the tokens would have come in a burst and read
+    # as a rate several times the schedule's; the stall is the first token's lateness only.
+    assert measured == pytest.approx(scheduled, rel=0.1)
+    assert (out.arrivals[0] - out.sent) * dilation > steps[0].lab_ms / 1000 + 0.5 * dilation * 0.9
+
+
 def test_first_token_arrives_after_prefill_and_one_step(start: Callable[..., Started]) -> None:
     dilation = 10.0
     s = start(dilation=dilation, speculative=None)

@@ -124,7 +124,13 @@ def test_delivered_throughput_follows_the_formula_with_an_interval(measured: dic
         rate, _ = formula(measured["scenario"], measured["config"], workload)
         assert section["n"] == 15
         lo, hi = section["ci95"]
-        assert lo < section["mean_tps"] < hi and hi - lo < 0.06 * section["mean_tps"]
+        # The runs spread by the simulator's 3 % run noise: nearly all within 8 % of the formula.
+        # A busy machine's stall at a run's first or last token moves that run alone (a 50 ms
+        # stall is 1 lab s here, 5 % of a run), and widens the interval with it: the interval
+        # is held to what three such runs leave, the spread to the runs it did not touch.
+        rates = [run["decode_tps"] for run in section["runs"]]
+        assert sum(abs(r / rate - 1) < 0.08 for r in rates) >= 12, rates
+        assert lo < section["mean_tps"] < hi and hi - lo < 0.1 * section["mean_tps"]
         # 3 % run noise over 15 runs: the mean within 4 % of the formula, the interval beside it.
         assert section["mean_tps"] == pytest.approx(rate, rel=0.04)
         assert lo - 0.02 * rate < rate < hi + 0.02 * rate

@@ -299,11 +299,29 @@ def approve_confirm(request: HttpRequest, job_id: Any, version: str) -> HttpResp
         "recipients": to, "message": message, "printed": _printed_verdict(document),
         "email": sent.get(chosen.digest), "state": _state(chosen, sent.get(chosen.digest)),
         "attachment": Path(chosen.pdf_path).name,
+        "page_preview": page_preview_possible(Path(chosen.pdf_path)),
     })
 
 
 PAGE_PREVIEW_DPI = 60
 PAGE_PREVIEW_TIMEOUT_S = 30
+
+
+def page_preview_possible(pdf: Path) -> bool:
+    """Whether the first page can be shown as an image: drawn already, or pdftoppm is here."""
+    return pdf.with_name("page-1.png").is_file() or (shutil.which("pdftoppm") is not None and pdf.is_file())
+
+
+@staff_required
+@require_GET
+def version_pdf(request: HttpRequest, job_id: Any, version: str) -> FileResponse:
+    """A kept version's PDF, for staff to read before approving it."""
+    job = get_job(job_id)
+    chosen = _version(job, version)
+    if chosen is None or not Path(chosen.pdf_path).is_file():
+        raise Http404("no such version")
+    return FileResponse(Path(chosen.pdf_path).open("rb"), content_type="application/pdf",
+                        filename=f"report-{chosen.version}.pdf")
 
 
 @staff_required

@@ -28,6 +28,8 @@ urlpatterns = [
          name="approve-confirm"),
     path("reports/<uuid:job_id>/versions/<str:version>/page-1.png", review_views.version_page,
          name="version-page"),
+    path("reports/<uuid:job_id>/versions/<str:version>/report.pdf", review_views.version_pdf,
+         name="version-pdf"),
     path("reports/<uuid:job_id>/money-back/", review_views.money_back_override, name="money-back"),
     path("reports/<uuid:job_id>/money-back/<int:override_id>/revert/", review_views.money_back_revert,
          name="money-back-revert"),

@@ -38,7 +38,7 @@ PASSWORD = "a long enough passphrase 42"
 # Who may use each staff URL, by name. A URL added to diagnostic/staff/urls.py fails
 # test_every_staff_url_says_who_may_use_it until it is placed here.
 LOOK = {"jobs", "job", "stage-log", "lab", "report", "job-rows", "job-timeline", "lab-sections",
-        "version-page", "render-status"}
+        "version-page", "version-pdf", "render-status"}
 ANY_STAFF_POST = {"lab-refresh"}  # asks the lab for a health poll now: every staff member
 GROUP = {"job-action", "finding-edit", "render", "otp-links"}  # changes what a customer receives, or who
 # may enrol an authenticator

@@ -4,6 +4,9 @@ customer was told otherwise is flagged on the review page until a new version go
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -11,6 +14,7 @@ from django.test import Client
 from diagnostic.jobs.models import DiagnosticJob, ReportVersion
 from diagnostic.jobs.report import render_version
 from diagnostic.staff import review
+from tests.conftest import service_missing
 from tests.diagnostic.staff.conftest import Mailbox
 
 pytestmark = pytest.mark.django_db
@@ -45,10 +49,6 @@ def test_approving_needs_the_confirmation_and_an_older_version_needs_saying_so(
     approver_client.post(url, {"version": old.version, "confirmed": "yes", "older": "yes"})
     assert len(smtp.messages) == 1 and ReportVersion.objects.get(pk=old.pk).is_approved
 
-    image = approver_client.get(f"/staff/reports/{finished.pk}/versions/{new.version}/page-1.png")
-    assert image["Content-Type"] == "image/png"
-    assert b"".join(image.streaming_content)[:8] == b"\x89PNG\r\n\x1a\n"  # type: ignore[attr-defined]
-
 
 def test_a_decision_after_sending_is_flagged_until_a_new_version_tells_the_customer(
         finished: DiagnosticJob, approver: User, approver_client: Client, smtp: Mailbox) -> None:
@@ -66,3 +66,32 @@ def test_a_decision_after_sending_is_flagged_until_a_new_version_tells_the_custo
     page = approver_client.get(f"/staff/reports/{finished.pk}/").content.decode()
     assert 'id="told-otherwise"' not in page
     assert len(smtp.messages) == 2
+
+
+def test_the_confirmation_shows_the_first_page_and_links_the_pdf(
+        finished: DiagnosticJob, approver_client: Client) -> None:
+    if shutil.which("pdftoppm") is None:
+        service_missing("pdftoppm (Debian's poppler-utils) is not installed")
+    version = render_version(finished).row
+    page = approver_client.get(f"/staff/reports/{finished.pk}/approve/{version.version}/").content.decode()
+    base = f"/staff/reports/{finished.pk}/versions/{version.version}"
+    assert f'src="{base}/page-1.png"' in page and f'href="{base}/report.pdf"' in page
+    image = approver_client.get(f"{base}/page-1.png")
+    assert image["Content-Type"] == "image/png"
+    assert b"".join(image.streaming_content)[:8] == b"\x89PNG\r\n\x1a\n"  # type: ignore[attr-defined]
+    pdf = approver_client.get(f"{base}/report.pdf")
+    assert pdf["Content-Type"] == "application/pdf"
+    assert b"".join(pdf.streaming_content)[:5] == b"%PDF-"  # type: ignore[attr-defined]
+
+
+def test_without_pdftoppm_the_confirmation_says_so_and_links_the_pdf(
+        finished: DiagnosticJob, approver_client: Client, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    version = render_version(finished).row
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without poppler-utils: no pdftoppm
+    assert shutil.which("pdftoppm") is None
+    page = approver_client.get(f"/staff/reports/{finished.pk}/approve/{version.version}/").content.decode()
+    base = f"/staff/reports/{finished.pk}/versions/{version.version}"
+    assert "page-1.png" not in page  # no broken image
+    assert "Preview unavailable" in page and f'href="{base}/report.pdf"' in page
+    assert approver_client.get(f"{base}/report.pdf").status_code == 200

@@ -83,8 +83,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         text = args.config.read_text()
     except OSError as exc:
         raise _Fail(f"cannot read --config {args.config}: {exc.strerror}") from exc
-    config = load_config_text(text)
     with LabSession.open(args.inventory) as session:
+        # Admitted against this lab's own catalog (the one its inventory names), as a job's
+        # intake does for the lab it books: another lab's models are not this one's.
+        config = load_config_text(text, catalog=session.inventory.catalog)
         result = session.launch(config, cold=not args.warm, timeout_s=args.timeout)
     _print({"endpoint": result.endpoint, "cold_start_s": result.cold_start_s, "warm": result.warm})
     return 0

@@ -29,7 +29,7 @@ lint: install
 # worksteal: a worker that runs out takes tests queued on the other, so one whole-day test
 # left at the end of a worker's share does not hold the suite up.
 test: lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 # The reference diagnostic day: the out-of-box customer configuration on the simulated
 # reference lab, written to out/demo/ (findings.json, report.pdf, email.eml, the tuned

@@ -403,6 +403,7 @@ class EngineProcess:
         self._pending_exit = -15
         self.kv_tokens: int | None = None
         self._api_server = False
+        self._bar_open = False  # a progress bar's line is still open (no newline yet)
         # Like the real agent, each launch has its own log file (the node moved the previous
         # launch's aside before starting this one).
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -464,8 +465,18 @@ class EngineProcess:
     # -- writing the log ----------------------------------------------------------------------
     def write_raw(self, lines: list[str]) -> None:
         with self._log_lock, self.log_path.open("a", encoding="utf-8") as fh:
+            if self._bar_open:  # tqdm closes its bar (a newline) when the loop it wraps ends
+                fh.write("\n")
+                self._bar_open = False
             for line in lines:
                 fh.write(line + "\n")
+
+    def write_bar(self, update: str, *, closed: bool = False) -> None:
+        """One update of a tqdm progress bar as tqdm writes it to a file: a carriage return,
+        the bar, and a newline only when the bar closes."""
+        with self._log_lock, self.log_path.open("a", encoding="utf-8", newline="") as fh:
+            fh.write("\r" + update + ("\n" if closed else ""))
+            self._bar_open = not closed
 
     def stamp(self, t: float) -> float:
         """Lab time t as the node's clock reads it: what the log's timestamps show."""
@@ -990,12 +1001,15 @@ class EngineProcess:
             self.log(t, start, start.text)
             prefetching = self._prefetch_lines(t, config, fs, checkpoint, available, auto)
             if self.rank == 0:
+                # tqdm writes the bar to stderr, not through the logger: no stamp, each update
+                # after a carriage return, a newline when it closes; its own elapsed time only.
                 shards = self.rel.line("shard_progress", contains="safetensors")
-                self.log(t, shards, logfmt.shard_progress(shards.text, 0, SHARDS, 0.0))
+                self.write_bar(logfmt.shard_progress(shards.text, 0, SHARDS, 0.0))
                 for i in range(SHARDS):
                     done_at = t + shard_done(i)
                     self.at(done_at)
-                    self.log(done_at, shards, logfmt.shard_progress(shards.text, i + 1, SHARDS, done_at - t))
+                    self.write_bar(logfmt.shard_progress(shards.text, i + 1, SHARDS, done_at - t),
+                                   closed=i + 1 == SHARDS)
             self.at(end)
             if prefetching:
                 done = self.rel.line("prefetch_run", contains="finished")

@@ -248,13 +248,15 @@ def _phases(timeline: NodeTimeline) -> list[tuple[str, float, float]]:
 
 
 def _stalls(timeline: NodeTimeline, engine: str) -> list[Stall]:
-    # From the process start on (the timeline's t0, which may precede the first line).
-    epochs = [timeline.t0, *(ln.epoch for ln in timeline.lines if ln.epoch is not None)]
+    # From the process start on (the timeline's t0, which may precede the first line); the
+    # progress bar's updates are output too, though tqdm stamps none of them.
+    shard_times = _shard_times(timeline, engine)
+    epochs = sorted([timeline.t0, *(ln.epoch for ln in timeline.lines if ln.epoch is not None),
+                     *shard_times])
     found: list[Stall] = []
     for a, b in itertools.pairwise(epochs):
         if b - a >= SILENCE_S:
             found.append(Stall(a, b, ["silence"], b - a))
-    shard_times = _shard_times(timeline, engine)
     for a, b in itertools.pairwise(shard_times):
         if b - a > SHARD_GAP_S:
             found.append(Stall(a, b, ["shards"], b - a))
@@ -262,14 +264,38 @@ def _stalls(timeline: NodeTimeline, engine: str) -> list[Stall]:
 
 
 def _shard_times(timeline: NodeTimeline, engine: str) -> list[float]:
-    """When each shard-progress line was written (its line's stamp)."""
+    """When each shard-progress update was written (node clock).
+
+    The released engines draw the bar with tqdm, which writes to stderr with no logger
+    prefix: its updates carry no stamp, only the bar's own elapsed time ("[01:12<...]"),
+    each after a carriage return on one physical line. An update is placed at the bar's
+    start plus its elapsed time; the bar starts (elapsed 00:00) no earlier than the last
+    stamped line before it, which is where it is anchored (whole seconds: the shard-gap
+    rule's 30 s is far coarser). A bar line that does carry a stamp is placed by it."""
     numbered = {i + 1: ln.epoch for i, ln in enumerate(timeline.lines)}
-    times = []
+    stamped_before: dict[int, float | None] = {}
+    last: float | None = timeline.t0
+    for i, ln in enumerate(timeline.lines, 1):
+        if ln.epoch is not None:
+            last = ln.epoch
+        stamped_before[i] = last
+    times: list[float] = []
+    anchor: float | None = None
     for event in parse_log(engine, (ln.message for ln in timeline.lines)):
-        if event["kind"] == "shard_progress":
-            epoch = numbered.get(int(event["line"]))
-            if epoch is not None:
-                times.append(epoch)
+        if event["kind"] != "shard_progress":
+            continue
+        number = int(event["line"])
+        epoch = numbered.get(number)
+        elapsed = event.get("elapsed_s")
+        if epoch is not None:
+            times.append(epoch)
+            continue
+        if elapsed is None:
+            continue
+        if anchor is None or float(elapsed) == 0.0:
+            anchor = stamped_before.get(number)
+        if anchor is not None:
+            times.append(anchor + float(elapsed))
     return times
 
 

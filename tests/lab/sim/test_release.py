@@ -106,6 +106,8 @@ def test_every_vllm_line_the_sim_writes_is_a_format_string_of_the_version(
     patterns = [_template_regex(t) for t in templates]
     for line in text.splitlines():
         message = line.split("] ", 1)[1] if line.startswith(("INFO", "WARNING", "ERROR")) else line
+        if not message:
+            continue  # before the bar's first update: tqdm writes a carriage return first
         if message.startswith("Loading safetensors checkpoint shards"):
             continue  # tqdm's bar, its description from the table (shard_progress)
         if message.startswith("Engine 000: "):

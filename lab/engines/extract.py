@@ -700,8 +700,11 @@ class LineFinder:
     code: bool = False
     why: str = ""
     # Which ranks write the line in a multi-node launch, read from the code that calls it
-    # and kept with the table: "rank 0" (the head's engine core or API server) or "every
-    # rank" (each node's worker); "" where the platform does not rely on it.
+    # and kept with the table: "rank 0" (the head's engine core or API server, SGLang's TP
+    # rank 0 scheduler, vLLM's tqdm bars) or "every rank" (each node's worker or scheduler);
+    # "" for source lines and for keys whose lines have different writers (vLLM's
+    # trust_remote_code: the tokenizer's message on the head, the model config's on every
+    # rank; SGLang's graph capture: the main runner's on every rank, EAGLE's on TP rank 0).
     writers: str = ""
 
 
@@ -716,65 +719,71 @@ _SGLANG_BATCH_LOGGERS = ("sglang/srt/observability/", "sglang/srt/managers/sched
 LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
     "vllm": {
         "stats_throughput": LineFinder(r"Avg prompt throughput|Avg generation throughput",
-                                       why="the periodic stats line: throughputs"),
+                                       why="the periodic stats line: throughputs", writers="rank 0"),
         "stats_requests": LineFinder(r"^(Running|Waiting|Pending): %d reqs",
-                                     why="the stats line: running and waiting requests"),
-        "stats_kv_usage": LineFinder(r"KV cache usage: %", why="the stats line: KV usage"),
+                                     why="the stats line: running and waiting requests", writers="rank 0"),
+        "stats_kv_usage": LineFinder(r"KV cache usage: %", why="the stats line: KV usage", writers="rank 0"),
         "stats_kv_device": LineFinder(r"kv_cache_device = ", paths=("vllm/v1/metrics/loggers.py",),
                                       code=True, why="what %s is in '%s KV cache usage'"),
-        "stats_prefix_cache": LineFinder(r"^Prefix cache hit rate", why="the stats line"),
+        "stats_prefix_cache": LineFinder(r"^Prefix cache hit rate", why="the stats line", writers="rank 0"),
         "stats_engine_prefix": LineFinder(r"^Engine (%03d|\{[^}]*:03d\}): $",
-                                          why="what the stats lines start with"),
-        "specdec_header": LineFinder(r"SpecDecoding metrics", why="speculative decoding stats"),
+                                          why="what the stats lines start with", writers="rank 0"),
+        "specdec_header": LineFinder(r"SpecDecoding metrics", why="speculative decoding stats",
+                                     writers="rank 0"),
         "specdec_fields": LineFinder(r"Mean acceptance length|^Accepted: |^Drafted: |"
                                      r"Per-position acceptance rate|Avg Draft acceptance rate|"
                                      r"Accepted throughput|Drafted throughput",
-                                     paths=("vllm/v1/spec_decode/",)),
+                                     paths=("vllm/v1/spec_decode/",), writers="rank 0"),
         "load_model_begin": LineFinder(r"^Starting to load model|^Loading model from scratch",
                                        paths=("vllm/v1/worker/gpu",),
-                                       why="where model init ends and the weights are read"),
-        "weights_loaded": LineFinder(r"^Loading weights took"),
+                                       why="where model init ends and the weights are read",
+                                       writers="every rank"),
+        "weights_loaded": LineFinder(r"^Loading weights took", writers="every rank"),
         "checkpoint_fs": LineFinder(r"^Filesystem type for checkpoints",
                                     paths=("vllm/model_executor/model_loader/",),
-                                    why="the filesystem and sizes the unset load strategy decides by"),
+                                    why="the filesystem and sizes the unset load strategy decides by",
+                                    writers="every rank"),
         "prefetch_decision": LineFinder(r"Auto-prefetch is disabled|Skipping auto-prefetch|"
                                         r"'prefetch' was explicitly specified",
                                         paths=("vllm/model_executor/model_loader/",),
-                                        why="whether the checkpoint is prefetched into the page cache"),
+                                        why="whether the checkpoint is prefetched into the page cache",
+                                        writers="every rank"),
         "prefetch_run": LineFinder(r"^Prefetching checkpoint files into page cache",
                                    paths=("vllm/model_executor/model_loader/",),
-                                   why="a prefetch that started and when it finished"),
-        "model_loading": LineFinder(r"^Model loading took"),
-        "torch_compile": LineFinder(r"torch\.compile (takes|took)"),
+                                   why="a prefetch that started and when it finished", writers="every rank"),
+        "model_loading": LineFinder(r"^Model loading took", writers="every rank"),
+        "torch_compile": LineFinder(r"torch\.compile (takes|took)", writers="every rank"),
         "compile_cache_hit": LineFinder(r"^(%s)?Directly load the compiled graph",
                                         paths=("vllm/compilation/",),
-                                        why="a start that loaded its graphs from the kept cache"),
-        "graph_capture": LineFinder(r"Graph capturing finished"),
+                                        why="a start that loaded its graphs from the kept cache",
+                                        writers="every rank"),
+        "graph_capture": LineFinder(r"Graph capturing finished", writers="every rank"),
         "engine_init": LineFinder(r"init engine \(profile, create kv cache, warmup model\)",
                                   writers="rank 0"),
         "mq_leader": LineFinder(r"^DP group leader: ", paths=("vllm/v1/executor/",),
-                                why="the address the head's broadcast queue binds (get_ip)"),
+                                why="the address the head's broadcast queue binds (get_ip)",
+                                writers="rank 0"),
         # kv_cache_utils.py, called by the engine core (core.py _initialize_kv_caches), which
         # only the head runs: --headless nodes run workers alone.
         "kv_cache_size": LineFinder(r"KV cache size: |Maximum concurrency for", writers="rank 0"),
         "available_kv_memory": LineFinder(r"Available KV cache memory", writers="every rank"),
-        "api_server_start": LineFinder(r"^Starting vLLM (API )?server"),
+        "api_server_start": LineFinder(r"^Starting vLLM (API )?server", writers="rank 0"),
         "api_server_version": LineFinder(r"vLLM API server version"),
         "moe_backend": LineFinder(r"^Using .*(NvFp4|\{self\.name\}) MoE .*backend",
                                   paths=("vllm/model_executor/layers/fused_moe/",),
-                                  why="the NVFP4 MoE backend choice"),
+                                  why="the NVFP4 MoE backend choice", writers="every rank"),
         "moe_oracle_name": LineFinder(r'^\s*name\s*=\s*"NvFp4"',
                                       paths=("vllm/model_executor/layers/fused_moe/oracle/",),
                                       code=True, why="what {self.name} is in the MoE line"),
-        "nvfp4_linear_kernel": LineFinder(r"for NVFP4 GEMM"),
-        "marlin_fp4": LineFinder(r"Weight-only FP4 compression will be used"),
+        "nvfp4_linear_kernel": LineFinder(r"for NVFP4 GEMM", writers="every rank"),
+        "marlin_fp4": LineFinder(r"Weight-only FP4 compression will be used", writers="every rank"),
         "kv_budget_error": LineFinder(r"KV cache is needed, which is larger than the available "
-                                      r"KV cache memory|estimated maximum model length is"),
+                                      r"KV cache memory|estimated maximum model length is", writers="rank 0"),
         "kv_budget_error_v0": LineFinder(r"larger than the maximum number of tokens that can be "
                                          r"stored in KV cache"),
-        "unknown_env_warning": LineFinder(r"Unknown vLLM environment variable"),
-        "engine_core_failed": LineFinder(r"Engine core initialization failed"),
-        "shard_progress": LineFinder(r"checkpoint shards"),
+        "unknown_env_warning": LineFinder(r"Unknown vLLM environment variable", writers="every rank"),
+        "engine_core_failed": LineFinder(r"Engine core initialization failed", writers="rank 0"),
+        "shard_progress": LineFinder(r"checkpoint shards", writers="rank 0"),
         "metrics_mount": LineFinder(r'Mount\("/metrics"', paths=("vllm/entrypoints/",), code=True,
                                     why="where /metrics is mounted"),
         "trust_remote_code": LineFinder(r"^(?=.{40}).*trust[_-]remote[_-]code",
@@ -782,40 +791,42 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
                                         why="the message asking for --trust-remote-code"),
     },
     "sglang": {
-        "decode_batch": LineFinder(r"^Decode batch", paths=_SGLANG_BATCH_LOGGERS),
-        "prefill_batch": LineFinder(r"^Prefill batch", paths=_SGLANG_BATCH_LOGGERS),
+        "decode_batch": LineFinder(r"^Decode batch", paths=_SGLANG_BATCH_LOGGERS, writers="rank 0"),
+        "prefill_batch": LineFinder(r"^Prefill batch", paths=_SGLANG_BATCH_LOGGERS, writers="rank 0"),
         "batch_fields": LineFinder(r"#running-req|#queue-req|gen throughput \(token/s\)|"
                                    r"token usage: |accept len|accept rate|cuda graph: ",
-                                   paths=_SGLANG_BATCH_LOGGERS),
+                                   paths=_SGLANG_BATCH_LOGGERS, writers="rank 0"),
         "dist_init_begin": LineFinder(r"^Init (torch distributed|parallel) begin",
                                       why="the rendezvous begins (0.5.12: torch distributed; "
-                                          "0.5.23: parallel)"),
+                                          "0.5.23: parallel)", writers="every rank"),
         "dist_init_end": LineFinder(r"^Init (torch distributed|parallel) ends",
-                                    why="the rendezvous has ended"),
-        "load_weight_begin": LineFinder(r"^Load weight begin"),
-        "load_weight_end": LineFinder(r"[Ll]oad weight end"),
+                                    why="the rendezvous has ended", writers="every rank"),
+        "load_weight_begin": LineFinder(r"^Load weight begin", writers="every rank"),
+        "load_weight_end": LineFinder(r"[Ll]oad weight end", writers="every rank"),
         "cuda_graph_capture_end": LineFinder(r"^Capture .*(cuda|CUDA) graph end|"
                                              r"^Capture (\{capture_name\} )?\{graph_backend\[[\w.]+\]\} end",
                                              why="the graphs are captured (the main runner's line "
                                                  "names its backend through graph_backend[device])"),
-        "startup_timings": LineFinder(r"Engine startup timings"),
-        "server_ready": LineFinder(r"The server is fired up and ready to roll"),
-        "moe_runner_backend": LineFinder(r"as MoE runner backend"),
-        "child_failed": LineFinder(r"Received sigquit from a child process"),
+        "startup_timings": LineFinder(r"Engine startup timings", writers="rank 0"),
+        "server_ready": LineFinder(r"The server is fired up and ready to roll", writers="rank 0"),
+        "moe_runner_backend": LineFinder(r"as MoE runner backend", writers="every rank"),
+        "child_failed": LineFinder(r"Received sigquit from a child process", writers="every rank"),
         "kv_cache_allocated": LineFinder(r"KV Cache is allocated|KV cache allocated\. |"
                                          r"^\{cache_name\} is allocated\. ",
                                          why="the KV pool's size (0.5.23 names the cache in "
-                                             "cache_name: \"KV Cache\" unless labelled)"),
-        "memory_pool_end": LineFinder(r"Memory pool end"),
-        "memory_pool": LineFinder(r"^max_total_num_tokens=|max_total_num_tokens=\{"),
-        "not_enough_memory": LineFinder(r"[Nn]ot enough memory"),
+                                             "cache_name: \"KV Cache\" unless labelled)",
+                                         writers="every rank"),
+        "memory_pool_end": LineFinder(r"Memory pool end", writers="every rank"),
+        "memory_pool": LineFinder(r"^max_total_num_tokens=|max_total_num_tokens=\{", writers="rank 0"),
+        "not_enough_memory": LineFinder(r"[Nn]ot enough memory", writers="every rank"),
         "fastsafetensors_missing": LineFinder(r"Please install fastsafetensors",
                                               paths=("sglang/srt/model_loader/",),
                                               why="--load-format fastsafetensors on a node without "
-                                                  "the package (SGLang does not depend on it)"),
+                                                  "the package (SGLang does not depend on it)",
+                                              writers="every rank"),
         # A KV pool shorter than the context (0.5.23's tp_worker.py warns; 0.5.12 does not),
         # and the refusals of a request longer than the pool or the context.
-        "kv_pool_short": LineFinder(r"^KV pool holds", paths=("sglang/srt/managers/",)),
+        "kv_pool_short": LineFinder(r"^KV pool holds", paths=("sglang/srt/managers/",), writers="every rank"),
         "input_too_long": LineFinder(r"exceeds the maximum allowed length", paths=("sglang/srt/managers/",)),
         "context_too_long": LineFinder(r"is longer than the model's context length "
                                        r"\(\{self\.context_len\} tokens\)\.$|"
@@ -823,7 +834,7 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
                                        paths=("sglang/srt/managers/",)),
         "trust_remote_code": LineFinder(r"^(?=.{40}).*trust[_-]remote[_-]code",
                                         paths=("sglang/srt/utils/hf_transformers",
-                                               "sglang/srt/configs/")),
+                                               "sglang/srt/configs/"), writers="every rank"),
         "metrics_enabled_check": LineFinder(r"^\s*if .*enable_metrics\b.*:$",
                                             paths=("sglang/srt/entrypoints/http_server.py",),
                                             code=True, why="when the HTTP server adds /metrics"),

@@ -1,6 +1,7 @@
 """Every line the simulated vLLM writes with a source is its release's: the format string at
 that file and line of the table (lab/engines/releases/*.json), at the level of the release's
-logger call, and a `*_once` line no more than once per message on a node."""
+logger call, on the ranks the table says write it, and a `*_once` line no more than once per
+message on a node; SGLang's lines are its release's strings, on the ranks that write them."""
 
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ from lab.sim.scenario import load_scenario
 
 from .conftest import REPO, launch, load_path_fixed, out_of_box, stop_all, wait_ready
 
-# tqdm's bar (model_loader/weight_utils.py, rank 0): the simulator stamps it like a log line
-# so that the triage can time the shards; a real node's bar carries only its own elapsed
-# field (lab/sim/README.md). Its description is the table's; the rest is tqdm's.
+# tqdm's bar (model_loader/weight_utils.py, rank 0 only): no logger prefix, only its own
+# elapsed field. Its description is the table's shard_progress string; the rest is tqdm's.
 TQDM_BAR = re.compile(r"^(?P<desc>.+?): +\d+% Completed \| \d+/\d+ "
                       r"\[[\d:]+<[\d:?]+, +[\d.?]+(?:s/it|it/s)\]$")
 VLLM_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d "
@@ -58,20 +58,22 @@ def test_every_sourced_line_is_the_releases_at_its_level_and_once_where_it_says(
     base = load_scenario(scenario_path("reference-kimi-k2-8spark"))
     lab = make_lab(dataclasses.replace(base, engine={**base.engine, "version": version}))
     entries = _entries(version)
-    checked = 0
+    bar_texts = {f["text"] for f in release("vllm", version)["lines"]["shard_progress"]["found"]}
+    checked = bars = 0
     for config in (out_of_box(), load_path_fixed()):
         config["engine"] = {"name": "vllm", "version": version}
         for node, lines in _written(lab, config).items():
             seen: collections.Counter[tuple[str, str]] = collections.Counter()
             for text in lines:
+                if bar := TQDM_BAR.match(text):
+                    assert node == "spark-01", f"{node}: only rank 0 draws the shards' bar: {text}"
+                    assert bar["desc"] in bar_texts, text
+                    bars += 1
+                    continue
                 m = VLLM_LINE.match(text)
                 if m is None:
-                    continue  # tracebacks, NCCL's own lines, tqdm's bar continuation
+                    continue  # tracebacks, NCCL's own lines
                 level, name, number, message = m.group(1), m.group(2), int(m.group(3)), m.group(4)
-                bar = TQDM_BAR.match(message)
-                if bar is not None:
-                    assert any(bar["desc"] == c["text"] for c in entries.get((name, number), [])), text
-                    continue
                 candidates = entries.get((name, number))
                 assert candidates, f"{node}: no format string at {name}:{number} in vllm {version}: {text}"
                 match = next((c for c in candidates if re.fullmatch(pattern_text(c["text"]), message)), None)
@@ -86,7 +88,7 @@ def test_every_sourced_line_is_the_releases_at_its_level_and_once_where_it_says(
                     assert seen[(f"{name}:{number}", message)] == 1, f"{node}: written twice: {text}"
                     assert match["once"] != "global" or node == "spark-01", f"{node}: rank 0 only: {text}"
                 checked += 1
-    assert checked > 100
+    assert checked > 100 and bars > 2
 
 
 SGLANG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: TP\d+)?\] (.*)$")
@@ -113,6 +115,8 @@ def test_every_sglang_line_is_one_of_its_releases_format_strings(
                 continue
             hit = next((key for key, p in patterns if p.fullmatch(m.group(1))), None)
             assert hit is not None, f"{node}: not a string of sglang {version}: {text}"
+            if table[hit].get("writers") == "rank 0":  # the TP rank 0 scheduler's, or node 0's server
+                assert node == "spark-01", f"{node}: only rank 0 writes {text}"
             # Where the release words a line by device, the CUDA wording.
             assert "available_cpu_mem" not in text and "cpu graph" not in text.lower(), text
             keys.add(hit)

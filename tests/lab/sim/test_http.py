@@ -513,15 +513,20 @@ def test_unknown_paths_are_404_and_bad_json_is_400(start: Callable[..., Started]
 # -- pacing -----------------------------------------------------------------------------
 
 
+def decode_rates(s: Started, out: Streamed, tokenizer: Tokenizer, dilation: float) -> tuple[float, float]:
+    """The last request's decode rate as the client received it and as it was scheduled (lab tok/s)."""
+    steps = s.engine.core.history()[-1].schedule.steps
+    n = count_tokens(tokenizer, out.text)
+    measured = (n - 1) / ((out.arrivals[-1] - out.arrivals[0]) * dilation)
+    return measured, (n - 1) / (sum(step.lab_ms for step in steps[1:]) / 1000)
+
+
 def test_single_stream_keeps_the_scheduled_pace(start: Callable[..., Started], tokenizer: Tokenizer) -> None:
     dilation = 20.0
     s = start(dilation=dilation)
     body = {"model": MODEL, "prompt": CODE_PROMPT, "max_tokens": 500, "ignore_eos": True, "temperature": 0}
     out = stream(s.client, "/v1/completions", body)
-    steps = s.engine.core.history()[-1].schedule.steps
-    n = count_tokens(tokenizer, out.text)
-    measured = (n - 1) / ((out.arrivals[-1] - out.arrivals[0]) * dilation)
-    scheduled = (n - 1) / (sum(step.lab_ms for step in steps[1:]) / 1000)
+    measured, scheduled = decode_rates(s, out, tokenizer, dilation)
     assert measured == pytest.approx(scheduled, rel=0.03)
     # And the schedule itself follows the formula, up to the run's lognormal spread.
     plan = decode_plan(
@@ -565,14 +570,12 @@ def test_a_host_stall_before_the_first_token_delays_it_and_not_the_decode_pace(
     stream(s.client, "/v1/completions", body)  # a first request, paced as usual
     s.engine.core._stop = _StallsOnce(0.5)  # 5 lab s at this dilation, most of the decode's ~7 s
     out = stream(s.client, "/v1/completions", body)
-    steps = s.engine.core.history()[-1].schedule.steps
-    n = count_tokens(tokenizer, out.text)
-    measured = (n - 1) / ((out.arrivals[-1] - out.arrivals[0]) * dilation)
-    scheduled = (n - 1) / (sum(step.lab_ms for step in steps[1:]) / 1000)
+    measured, scheduled = decode_rates(s, out, tokenizer, dilation)
+    first_step_s = s.engine.core.history()[-1].schedule.steps[0].lab_ms / 1000
     # Caught up on the first schedule instead, the tokens would have come in a burst and read
     # as a rate several times the schedule's; the stall is the first token's lateness only.
     assert measured == pytest.approx(scheduled, rel=0.1)
-    assert (out.arrivals[0] - out.sent) * dilation > steps[0].lab_ms / 1000 + 0.5 * dilation * 0.9
+    assert (out.arrivals[0] - out.sent) * dilation > first_step_s + 0.5 * dilation * 0.9
 
 
 def test_first_token_arrives_after_prefill_and_one_step(start: Callable[..., Started]) -> None:

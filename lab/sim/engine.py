@@ -1188,7 +1188,9 @@ class EngineProcess:
                   "before_mem - after_mem": GRAPH_POOL_GIB * 0.1}
         main = next(x for x in rel.lines("cuda_graph_capture_end") if "{graph_backend[" in x.text)
         self.log(t, main, main.fmt(values))
-        if spec.get("method") == "eagle3":
+        if spec.get("method") == "eagle3" and self.rank == 0:
+            # The EAGLE worker logs its draft capture on TP rank 0 only (eagle_worker.py); the
+            # key mixes writers, so the rank is checked here rather than in the table.
             draft = next((x for x in rel.lines("cuda_graph_capture_end")
                           if "eagle_worker" in x.file and x.text.startswith("Capture draft ")), None)
             if draft is not None:

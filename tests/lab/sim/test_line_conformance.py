@@ -117,6 +117,8 @@ def test_every_sglang_line_is_one_of_its_releases_format_strings(
             assert hit is not None, f"{node}: not a string of sglang {version}: {text}"
             if table[hit].get("writers") == "rank 0":  # the TP rank 0 scheduler's, or node 0's server
                 assert node == "spark-01", f"{node}: only rank 0 writes {text}"
+            if "Capture draft " in text:  # the EAGLE worker's, TP rank 0 only (its key mixes writers)
+                assert node == "spark-01", text
             # Where the release words a line by device, the CUDA wording.
             assert "available_cpu_mem" not in text and "cpu graph" not in text.lower(), text
             keys.add(hit)

@@ -242,11 +242,8 @@ class Sglang(Engine):
                 raise ConfigError(f"serving.{name}", f"{shown(value)} is not a choice of {flag} in "
                                                      f"{where}; use one of "
                                                      f"{', '.join(map(str, option.choices))}")
-        if serving["safetensors_load_strategy"] is not None:
-            raise ConfigError("serving.safetensors_load_strategy",
-                              f"{shown(serving['safetensors_load_strategy'])} is a vLLM option that "
-                              "SGLang does not have (it maps the files lazily); leave it unset, or "
-                              "use serving.load_format: fastsafetensors for a fast loader")
+        # serving.safetensors_load_strategy: lab.config's _load_strategy reads lazy as unset for
+        # SGLang and refuses the rest before any engine check runs.
         load = parser.option("--load-format")
         if serving["load_format"] not in LOAD_FORMATS or (
                 load is not None and load.choices is not None

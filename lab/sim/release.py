@@ -38,8 +38,8 @@ class Line:
     # the table has none (a literal that is not a logger call's message).
     level: str | None = None
     once: str | None = None
-    # "rank 0" where only the head writes the line in a multi-node launch (the table's
-    # curated writers of its key), else None.
+    # The table's writers of its key: "rank 0" where only the head writes the line in a
+    # multi-node launch, "every rank", or None where the key's lines have mixed writers.
     writers: str | None = None
 
     @property

@@ -272,29 +272,22 @@ def _shard_times(timeline: NodeTimeline, engine: str) -> list[float]:
     start plus its elapsed time; the bar starts (elapsed 00:00) no earlier than the last
     stamped line before it, which is where it is anchored (whole seconds: the shard-gap
     rule's 30 s is far coarser). A bar line that does carry a stamp is placed by it."""
-    numbered = {i + 1: ln.epoch for i, ln in enumerate(timeline.lines)}
-    stamped_before: dict[int, float | None] = {}
-    last: float | None = timeline.t0
-    for i, ln in enumerate(timeline.lines, 1):
-        if ln.epoch is not None:
-            last = ln.epoch
-        stamped_before[i] = last
+    # The last stamp at or before each line (1-based, as parse_log numbers them).
+    stamped_before = [timeline.t0]
+    for ln in timeline.lines:
+        stamped_before.append(stamped_before[-1] if ln.epoch is None else ln.epoch)
     times: list[float] = []
     anchor: float | None = None
     for event in parse_log(engine, (ln.message for ln in timeline.lines)):
         if event["kind"] != "shard_progress":
             continue
         number = int(event["line"])
-        epoch = numbered.get(number)
         elapsed = event.get("elapsed_s")
-        if epoch is not None:
-            times.append(epoch)
-            continue
-        if elapsed is None:
-            continue
-        if anchor is None or float(elapsed) == 0.0:
-            anchor = stamped_before.get(number)
-        if anchor is not None:
+        if timeline.lines[number - 1].epoch is not None:
+            times.append(stamped_before[number])  # a bar line that carries a stamp
+        elif elapsed is not None:
+            if anchor is None or float(elapsed) == 0.0:
+                anchor = stamped_before[number]
             times.append(anchor + float(elapsed))
     return times
 

@@ -3,6 +3,7 @@ louder faults (kv_budget, engine crash, node down, degraded NIC) show as specifi
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import socket
 import statistics
@@ -11,9 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
+from lab.scenarios import scenario_path
 from lab.sim.engine import EngineProcess
 from lab.sim.lab import SimLab
+from lab.sim.scenario import load_scenario
+from tests.diagnostic.conftest import REFERENCE_CONFIG
 
 from .conftest import launch, load_path_fixed, out_of_box, stop_all, wait_exit, wait_ready
 
@@ -228,14 +233,6 @@ def test_sglangs_fast_loader_on_a_node_without_fastsafetensors_fails_at_the_firs
     """SGLang does not depend on fastsafetensors: --load-format fastsafetensors on a node
     without it starts, says it begins loading, and its iterator raises ImportError with the
     release's words (model_loader/weight_utils.py); the facts said so beforehand."""
-    import dataclasses
-
-    import yaml
-
-    from lab.scenarios import scenario_path
-    from lab.sim.scenario import load_scenario
-    from tests.diagnostic.conftest import REFERENCE_CONFIG
-
     base = load_scenario(scenario_path("reference-kimi-k2-8spark-sglang"))
     lab = make_lab(dataclasses.replace(base, node={**base.node, "fastsafetensors": ""}))
     config = yaml.safe_load((REFERENCE_CONFIG.parent / "kimi-k2-8spark-sglang.yaml").read_text())

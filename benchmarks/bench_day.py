@@ -61,6 +61,17 @@ def run_day(scenario: str, out: Path, dilation: float) -> dict[str, Any]:
     }
 
 
+def reserves() -> dict[str, float]:
+    """The lab seconds the job budget keeps for each stage (diagnostic.jobs.budget)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "diagnostic.settings")
+    import django
+
+    django.setup()
+    from diagnostic.jobs.budget import RESERVE_LAB_S
+
+    return dict(RESERVE_LAB_S)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dilation", type=float, default=45.0)
@@ -74,6 +85,8 @@ def main() -> int:
     print(f"bench-day: lab seconds per stage at dilation {args.dilation:g} (target: whole day "
           f"≤ {TARGET_LAB_S:.0f} lab s on the reference)")
     print(head)
+    reserve = reserves()
+    print(f"{'reserve (jobs/budget.py)':<26}" + "".join(f"{reserve.get(s, 0):>10.0f}" for s in STAGES))
     for row in rows:
         if "error" in row:
             print(f"{row['scenario']:<26} failed: {row['error']}")
@@ -82,6 +95,10 @@ def main() -> int:
         print(f"{row['scenario']:<26}{cells}{row['total_lab_s']:>9.0f}{row['wall_s']:>8.0f}  "
               f"{'free' if row['money_back'] else 'not free'} ({row['status']})")
         print(f"{'':<26}findings: {', '.join(row['findings']) or 'none'}")
+        over = [f"{name} {v:.0f} > {reserve[name]:.0f}" for name, v in row["lab_s"].items()
+                if v is not None and name in reserve and v > reserve[name]]
+        if over:
+            print(f"{'':<26}over its reserve: {', '.join(over)}")
     return 0
 
 

@@ -403,6 +403,7 @@ class EngineProcess:
         self._pending_exit = -15
         self.kv_tokens: int | None = None
         self._api_server = False
+        self.headless = False
         self._bar_open = False  # a progress bar's line is still open (no newline yet)
         # Like the real agent, each launch has its own log file (the node moved the previous
         # launch's aside before starting this one).
@@ -532,6 +533,9 @@ class EngineProcess:
         then its launcher notices the child died (the table's child_failed line).
         Raises EngineFailed(code) unless code is None."""
         t = self.stamp(self.clock.now())
+        if self.engine == "vllm" and self.headless and frames and frames[0][2] == "run_engine_core":
+            # The same error raised in a --headless node's worker process, not an engine core.
+            frames = [*_VLLM_WORKER_FRAMES, *frames[1:]]
         body = logfmt.python_traceback(frames, f"{exc_type}: {message}")
         if self.engine == "sglang":
             # sglang/srt/managers/scheduler.py: logger.error(f"Scheduler hit an exception: {traceback}")
@@ -540,9 +544,14 @@ class EngineProcess:
             child = self.rel.line("child_failed")
             lines.append(logfmt.sglang(t, child.text))
         else:
-            # vllm/v1/engine/core.py: logger.exception("EngineCore failed to start.")
-            source = f"core.py:{_VLLM_CORE_LINE}"
-            lines = [logfmt.vllm("ERROR", t, source, "EngineCore failed to start.")]
+            # The head's engine core: vllm/v1/engine/core.py, logger.exception("EngineCore
+            # failed to start."). A --headless node runs no engine core, only the workers of
+            # v1/executor/multiproc_executor.py: logger.exception("WorkerProc failed to start.").
+            if self.headless:
+                source, said = f"multiproc_executor.py:{_VLLM_WORKER_LINE}", "WorkerProc failed to start."
+            else:
+                source, said = f"core.py:{_VLLM_CORE_LINE}", "EngineCore failed to start."
+            lines = [logfmt.vllm("ERROR", t, source, said)]
             lines += [logfmt.vllm("ERROR", t, source, line) for line in body]
             if self._api_server:
                 failed = self.rel.line("engine_core_failed").fmt(finished={"EngineCore_DP0": 1})
@@ -645,6 +654,7 @@ class EngineProcess:
         # The checkpoint is split across every rank of the layout (tp x pp nodes).
         nodes_used = max(1, int(parallel.get("tp", 1)) * int(parallel.get("pp", 1)))
         serving = config.get("serving", {})
+        self.headless = bool(parsed.headless)
         self._api_server = not parsed.headless and self.rank == 0
         fp4 = fp4_choice(self.rel, argv, scenario.truth["fp4"]["default_backend"])
         t = self.started
@@ -668,7 +678,7 @@ class EngineProcess:
         t = self._model_init(t, fp4)
 
         # 4. weights load
-        t = self._load_weights(t, config, nodes_used)
+        t = self._load_weights(t, config, nodes_used, fp4)
         for fault in scenario.faults("silent_hang_s"):
             # A post-load step that logs nothing and keeps one core busy (none of section
             # 5's signatures): what an unexplained stall looks like.
@@ -677,8 +687,9 @@ class EngineProcess:
             self.at(hang_end)
             t = hang_end
 
-        # 5. compile and kernel JIT
-        t = self._jit(t, fp4.backend)
+        # 5. compile and kernel JIT (no torch.compile with --enforce-eager: the kernels only)
+        eager = bool(serving.get("enforce_eager"))
+        t = self._jit(t, fp4.backend, compiled=not eager)
 
         # 6. KV profiling and cache allocation (a collective: the ranks meet again)
         if self.group is not None:
@@ -709,7 +720,12 @@ class EngineProcess:
             t += capture_s
             self._graphs_captured(t, capture_s, config, weights_gib + kv_gib)
         jit_phase = next(p for p in self.phases if p.name == "jit")
-        if self.engine == "vllm":
+        if self.engine == "vllm" and eager:
+            # Eager mode compiles nothing, so compilation_time stays 0 and v1/engine/core.py
+            # writes the form without "(compilation: ...)".
+            line = next(x for x in self.rel.lines("engine_init") if x.text.endswith("took %.2f s"))
+            self.log(t, line, line.pct(t - jit_phase.start))
+        elif self.engine == "vllm":
             line = next(x for x in self.rel.lines("engine_init") if x.text.endswith("(compilation: %.2f s)"))
             self.log(t, line, line.pct(t - jit_phase.start, jit_phase.seconds))
         else:
@@ -793,7 +809,13 @@ class EngineProcess:
                     self._fail_at_startup(HUB_OFFLINE_ERROR, frames)
                 self._fail_at_startup("OSError: We couldn't connect to 'https://huggingface.co' to load "
                                       "the files, and couldn't find them in the cached files.", frames)
-        if self.node.scenario.model.get("remote_code") and not trust and tokenizer == model:
+        # vLLM loads the tokenizer in its API server and engine core, on the head only: a
+        # --headless node reads the model config (Kimi K2's and DeepSeek V3's are registered
+        # configurations, no remote code) and goes on to the rendezvous, where it waits for
+        # a head that has already failed. SGLang's schedulers load it on every node.
+        loads_tokenizer = self.engine != "vllm" or not self.headless
+        if (self.node.scenario.model.get("remote_code") and not trust and tokenizer == model
+                and loads_tokenizer):
             message = rel.line("trust_remote_code", startswith="Failed to load the tokenizer").text
             self._fail_at_startup(f"RuntimeError: {message}", _TOKENIZER_FRAMES[self.engine])
 
@@ -933,12 +955,9 @@ class EngineProcess:
                                "does not have", frames=_VLLM_INIT_FRAMES)
         gemm = rel.line("nvfp4_linear_kernel")
         self.log(t, gemm, gemm.pct(kernel))
-        if "marlin" in (moe, linear):
-            marlin = rel.line("marlin_fp4", file="marlin.py")
-            self.log(t, marlin, marlin.text)
 
     # -- 4. weights ---------------------------------------------------------------------------------
-    def _load_weights(self, t: float, config: dict[str, Any], nodes_used: int) -> float:
+    def _load_weights(self, t: float, config: dict[str, Any], nodes_used: int, fp4: Fp4Choice) -> float:
         load = self.node.scenario.truth["load"]
         weights = weights_per_node_gb(self.node.scenario.model, nodes_used)
         checkpoint = float(self.node.scenario.model["checkpoint_gb"]) * 1e9
@@ -1025,6 +1044,12 @@ class EngineProcess:
         else:
             took = self.rel.line("weights_loaded", file="default_loader.py")
             self.log(end, took, took.pct(total))
+            if "marlin" in (fp4.moe_running, fp4.linear_running):
+                # Marlin repacks the FP4 weights once they are read: its warning_once is in
+                # the kernel's process_weights_after_loading (kernels/linear/nvfp4/marlin.py),
+                # after "Loading weights took" and before the model runner's total.
+                marlin = self.rel.line("marlin_fp4", file="marlin.py")
+                self.log(end, marlin, marlin.text)
             model = self.rel.line("model_loading", file="gpu/model_runner.py")
             self.log(end, model, model.pct(round(gib, 2), total + 1.2))
         return end
@@ -1078,9 +1103,11 @@ class EngineProcess:
         digest = hashlib.sha256(f"{self.engine}:{self.rel.version}:{backend}".encode()).hexdigest()[:10]
         return base / "torch_compile_cache" / digest / f"rank_{self.rank}_0" / "vllm_compile_cache.py"
 
-    def _jit(self, t: float, backend: str) -> float:
+    def _jit(self, t: float, backend: str, compiled: bool = True) -> float:
         """Compile and kernel JIT: the log is silent while the compilers run; vLLM reports
-        torch.compile's total at the end, SGLang nothing."""
+        torch.compile's total at the end (and its cache hit), SGLang nothing. With
+        `compiled` false (--enforce-eager) vLLM runs no torch.compile, so it writes neither
+        line; the kernels' JIT still runs."""
         load = self.node.scenario.truth["load"]
         marker = self._jit_cache_marker(backend)
         warm = marker is not None and marker.is_file()
@@ -1091,12 +1118,12 @@ class EngineProcess:
         if marker is not None and not warm:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(json.dumps({"backend": backend, "compiled_at": end}) + "\n")
-        if self.engine == "vllm" and warm:
+        if self.engine == "vllm" and warm and compiled:
             # vLLM says when its kept cache held the compiled graphs (compilation/backends.py).
             hit = self.rel.line("compile_cache_hit")
             hit_args = ("", COMPILE_RANGE, seconds) if hit.text.startswith("%s") else (COMPILE_RANGE, seconds)
             self.log(end, hit, hit.pct(*hit_args))
-        if self.engine == "vllm":
+        if self.engine == "vllm" and compiled:
             line = self.rel.line("torch_compile")
             # 0.34's line starts with a %s naming the compiled module (empty for the model).
             args = ("", seconds) if line.text.startswith("%s") else (seconds,)
@@ -1118,15 +1145,28 @@ class EngineProcess:
             cap = native * KV_BUDGET_FRACTION if fault["kv_budget"] is True else float(fault["kv_budget"])
             available = min(available, cap)
         available = max(0.0, available)
+        rel = self.rel
+        if self.engine == "vllm":
+            # Each worker profiles its memory and says what the cache may take
+            # (gpu_worker.determine_available_memory) before the head's engine core sizes
+            # the cache and checks it against the context.
+            avail = rel.line("available_kv_memory")
+            self.log(t, avail, avail.pct(round(available, 2)))
         # vLLM refuses a context its KV cache cannot hold; SGLang sizes its pool from memory
         # alone, starts with a pool shorter than its context, and refuses only a pool of no
         # token at all (pool_configurator.py's "Not enough memory"); longer requests are
         # refused when they arrive (lab.sim.http).
         if available < needed and (self.engine != "sglang" or available * GIB < per_token):
+            if self.engine == "vllm" and self.headless:
+                # vLLM checks the KV budget in the head's engine core
+                # (check_enough_kv_cache_memory): a --headless node's workers reported their
+                # memory and wait for the head's next call, which never comes.
+                self.node.hardware.record_activity(t, math.inf, "wait", {})
+                self._phase("wait_head", t, math.inf, None)
+                self.at(math.inf)
             self._kv_refusal(max_len, needed, available, per_token)
         tokens = int(available * GIB / per_token)
         self.kv_tokens = tokens
-        rel = self.rel
         if self.engine == "sglang":
             free = float(scenario.node["cuda_free_gib"]) - weights_gib - available
             # The pool's own line (mem_cache/memory_pool.py; MLA pools report one KV size).
@@ -1143,8 +1183,6 @@ class EngineProcess:
                 short = rel.line("kv_pool_short")  # 0.5.23's warning; 0.5.12 writes none
                 self.log(t, short, short.pct(tokens, max_len))
         else:
-            avail = rel.line("available_kv_memory")
-            self.log(t, avail, avail.pct(round(available, 2)))
             size = rel.line("kv_cache_size")
             args: tuple[Any, ...] = (f"{tokens:,}", f"{max_len:,}", tokens / max_len)
             if size.text.startswith("%s"):
@@ -1295,6 +1333,7 @@ class EngineProcess:
 # Traceback frames (Python's traceback format; the files and functions are the engines'
 # own, the line numbers illustrative): where each failure is raised.
 _VLLM_CORE_LINE = 708
+_VLLM_WORKER_LINE = 1091
 _ARCHITECTURE = "DeepseekV3ForCausalLM"
 _VLLM_API_FRAMES = [
     ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
@@ -1310,6 +1349,11 @@ _VLLM_INIT_FRAMES = [
      "self.model = model_loader.load_model("),
     (f"{SITE}/vllm/model_executor/layers/quantization/modelopt.py", 1180, "__init__",
      "self.nvfp4_backend, self.experts_cls = select_nvfp4_moe_backend("),
+]
+_VLLM_WORKER_FRAMES = [
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 1057, "worker_main",
+     "worker = WorkerProc(*args, **kwargs)"),
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 822, "__init__", "self.worker.load_model()"),
 ]
 _VLLM_KV_FRAMES = [
     (f"{SITE}/vllm/v1/engine/core.py", 691, "run_engine_core",

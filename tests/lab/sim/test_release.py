@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -212,10 +213,16 @@ def test_vllm_env_names_the_version_does_not_read_are_warned_about_and_ignored(s
 
 
 def test_a_backend_that_cannot_run_nvfp4_here_fails_at_model_init(sim_lab: SimLab) -> None:
-    head = launch_argv(sim_lab, out_of_box(), lambda argv: [*argv, "--moe-backend", "flashinfer_trtllm"])[0]
+    head, *workers = launch_argv(sim_lab, out_of_box(),
+                                 lambda argv: [*argv, "--moe-backend", "flashinfer_trtllm"])
     assert wait_exit(head) == 1
     text = log_of(head)
     assert "ERROR" in text and "Traceback (most recent call last):" in text
+    assert "EngineCore failed to start." in text
+    # A --headless node has workers and no engine core (v1/executor/multiproc_executor.py).
+    assert workers and all(wait_exit(w) == 1 for w in workers)
+    assert all("WorkerProc failed to start." in log_of(w) and "EngineCore" not in log_of(w)
+               and "Engine core initialization failed" not in log_of(w) for w in workers)
     # oracle/base.py make_log_unsupported quotes the name in 0.34.0 as 0.29.0 did.
     assert ("ValueError: NvFp4 MoE backend 'FLASHINFER_TRTLLM' does not support the deployment "
             "configuration") in text
@@ -231,6 +238,36 @@ def test_the_moe_flag_picks_the_backend_that_runs(sim_lab: SimLab) -> None:
             "'FLASHINFER_CUTEDSL', 'FLASHINFER_CUTEDSL_BATCHED', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', "
             "'MARLIN', 'HUMMING', 'EMULATION'].") in log_of(head)
     assert head.server is not None and head.server.core.backend_state == "ok"
+
+
+def test_marlin_says_so_after_the_weights_are_read(sim_lab: SimLab) -> None:
+    head = wait_ready(launch_argv(sim_lab, out_of_box(), lambda argv: [*argv, "--moe-backend", "marlin"]))
+    lines = log_of(head).splitlines()
+    said = [i for i, x in enumerate(lines) if "Weight-only FP4 compression will be used" in x]
+    took = next(i for i, x in enumerate(lines) if "Loading weights took" in x)
+    total = next(i for i, x in enumerate(lines) if "Model loading took" in x)
+    # warning_once in process_weights_after_loading (kernels/linear/nvfp4/marlin.py).
+    assert len(said) == 1 and took < said[0] < total
+
+
+def test_the_kv_budget_is_checked_by_the_heads_engine_core_only(sim_lab: SimLab) -> None:
+    head, *workers = launch_argv(sim_lab, out_of_box(),
+                                 lambda argv: [*argv, "--gpu-memory-utilization", "0.3"])
+    assert wait_exit(head) == 1
+    text = log_of(head)
+    lines = text.splitlines()
+    avail = next(i for i, x in enumerate(lines) if "Available KV cache memory" in x)
+    refusal = next(i for i, x in enumerate(lines) if "ValueError: To serve at least one request" in x)
+    assert avail < refusal and "EngineCore failed to start." in text
+    # Each worker profiled its memory and said so; the check (check_enough_kv_cache_memory)
+    # is the head's: a --headless node waits for the head's next call.
+    for w in workers:  # at the same lab second as the head's refusal: let each get there
+        deadline = time.monotonic() + 20
+        while "wait_head" not in [p.name for p in w.phases] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert workers and all(w.running and w.phases[-1].name == "wait_head" for w in workers)
+    assert all("Available KV cache memory" in log_of(w) and "To serve at least one request" not in log_of(w)
+               for w in workers)
 
 
 # -- offline and model code ------------------------------------------------------------------------
@@ -254,10 +291,14 @@ def test_a_tokenizer_named_by_hub_id_fails_offline(sim_lab: SimLab) -> None:
 
 
 def test_kimi_without_trust_remote_code_fails_at_tokenizer_load(sim_lab: SimLab) -> None:
-    head = launch_argv(sim_lab, out_of_box(), without("--trust-remote-code"))[0]
+    head, *workers = launch_argv(sim_lab, out_of_box(), without("--trust-remote-code"))
     assert wait_exit(head) == 1
     message = release("vllm", "0.34.0")["lines"]["trust_remote_code"]["found"][0]["text"]
     assert log_of(head).splitlines()[-1] == f"RuntimeError: {message}"
+    # vLLM loads the tokenizer on the head only (API server, engine core): a --headless
+    # worker reads Kimi K2's registered configuration and waits at the rendezvous.
+    assert workers and all(w.headless for w in workers)
+    assert all(w.running and "Failed to load the tokenizer" not in log_of(w) for w in workers)
 
 
 # -- SGLang -------------------------------------------------------------------------------------------

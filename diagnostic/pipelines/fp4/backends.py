@@ -46,11 +46,6 @@ FLAG_OF_LAYER = {
     "vllm": {"moe": "--moe-backend", "linear": "--linear-backend"},
     "sglang": {"moe": "--moe-runner-backend", "linear": "--fp4-gemm-backend"},
 }
-# Lines with which an engine's log begins a start (vLLM's CLI and API server, SGLang's
-# arguments).
-_START_MARKERS = ("vLLM API server version", "server_args=ServerArgs(", "Launching vLLM",
-                  "non-default args:")
-
 # The end of vLLM's MoE oracle line: the backends its default rule considered, in its order
 # ("... out of potential backends: ['FLASHINFER_CUTLASS', 'VLLM_CUTLASS', ...]").
 _POTENTIAL = re.compile(r"out of potential backends: \[(?P<list>[^\]]*)\]")
@@ -148,14 +143,6 @@ def preference_order(lines: Iterable[str]) -> list[str]:
         if m := _POTENTIAL.search(line):
             order = [normalize_backend(n) for n in m["list"].split(",") if n.strip(" '\"")]
     return list(dict.fromkeys(order))
-
-
-def current_run(lines: list[str]) -> list[str]:
-    """The lines of the log's last engine start (the log appends across starts)."""
-    for i in range(len(lines) - 1, -1, -1):
-        if any(marker in lines[i] for marker in _START_MARKERS):
-            return lines[i:]
-    return lines
 
 
 def backend_events(engine: str, lines: Iterable[str]) -> list[dict[str, Any]]:

@@ -150,13 +150,12 @@ class _Stage:
         if not self.session.serves(self.config):
             self.log("fp4: the configuration is not serving; starting it (warm)")
             return self.launch(self.config)
+        # The node agent moves each launch's log aside before the next (rotate_log): the
+        # file holds the serving launch only, from its first line.
         lines = self.session.logs(self.head, since=0).text.splitlines()
-        run = bk.current_run(lines)
         return {
-            "events": bk.backend_events(self.engine, run),
-            "preference": bk.preference_order(run),
-            # vLLM warns about a variable it does not read as the process starts, before
-            # the line that begins the run's arguments in some releases.
+            "events": bk.backend_events(self.engine, lines),
+            "preference": bk.preference_order(lines),
             "warned_env": bk.unknown_env_warned(self.engine, lines),
             "launch_s": None,
             "lab_s": 0.0,

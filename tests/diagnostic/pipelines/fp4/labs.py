@@ -14,7 +14,7 @@ import yaml
 
 from diagnostic.pipelines.changes import apply_changes
 from diagnostic.pipelines.fp4 import run_fp4
-from diagnostic.pipelines.fp4.backends import backend_events, current_run
+from diagnostic.pipelines.fp4.backends import backend_events
 from lab.engines import normalize_config
 from lab.session import LabSession
 from lab.sim.lab import SimLab
@@ -88,7 +88,7 @@ def run_and_relaunch_tuned(tmp_path: Path, scn: Scenario, cfg: dict[str, Any]) -
         result = run_fp4(session, cfg)
         if result["config_changes"]:
             session.launch(apply_changes(cfg, result["config_changes"]), cold=False)
-            run = current_run(session.logs(since=0).text.splitlines())
+            run = session.logs(since=0).text.splitlines()  # this launch's own log
             result["tuned_backends"] = [e["backend"] for e in backend_events(cfg["engine"]["name"], run)]
             result["tuned_config"] = apply_changes(cfg, result["config_changes"])
         return result

@@ -72,18 +72,6 @@ def test_each_vllm_versions_moe_line_and_the_linear_kernel_class() -> None:
     assert {e["layer"]: e["backend"] for e in got_034} == {"moe": "marlin", "linear": "flashinfer_cutlass"}
 
 
-def test_the_current_run_is_the_last_start_in_an_appended_log() -> None:
-    lines = [
-        vllm_line("non-default args: {'model': '/models/m'}"),
-        vllm_line("Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: [CUTLASS]."),
-        vllm_line("non-default args: {'model': '/models/m', 'moe_backend': 'marlin'}"),
-        vllm_line("Using 'MARLIN' NvFp4 MoE backend out of potential backends: [MARLIN]."),
-    ]
-    assert [e["backend"] for e in bk.backend_events("vllm", bk.current_run(lines))] == ["marlin"]
-    assert [e["backend"] for e in bk.backend_events("vllm", bk.current_run(lines[:2]))] == [
-        "flashinfer_cutlass"]
-
-
 def test_sglang_on_gb10_ran_what_its_flags_and_rule_say() -> None:
     auto = {"serving": {"moe_backend": "auto", "linear_backend": "auto"}}
     got = ran_by_rule("sglang", "0.5.23", auto, "12.1")

@@ -8,7 +8,7 @@ from typing import Any
 
 from diagnostic.pipelines.changes import apply_changes
 from diagnostic.pipelines.fp4 import FINDING, run_fp4
-from diagnostic.pipelines.fp4.backends import backend_events, current_run
+from diagnostic.pipelines.fp4.backends import backend_events
 from diagnostic.pipelines.fp4.pipeline import SPEED_NOTE, _speed_cost
 
 from .labs import config, lab_session, scenario
@@ -136,6 +136,6 @@ def test_the_reference_story(tmp_path: Path) -> None:
     assert finding["impact"]["before"] < 0.1 and finding["impact"]["after"] == 1.0
     examples = fp4["examples"]["before"]
     assert examples and all(not e["passed"] and e["got"] != e["expected"] for e in examples)
-    tuned_run = current_run(result["tuned_log"].splitlines())
+    tuned_run = result["tuned_log"].splitlines()
     assert {e["layer"]: e["backend"] for e in backend_events("vllm", tuned_run)}["moe"] == "cutlass"
     assert any("Using VLLM_CUTLASS NvFp4 MoE backend" in line for line in tuned_run)

@@ -3,8 +3,11 @@
     python -m lab.engines.extract vllm==0.34.0 [sglang==0.5.23 ...] [--out DIR] [--check]
 
 For each `package==version` the tool fetches the release from the package index (the
-sdist when there is one, else the wheel a DGX Spark node installs: CPython 3.12,
-manylinux aarch64), checks it against the index's sha256, reads its Python sources
+wheel a DGX Spark node installs: manylinux aarch64 for CPython 3.12, or a stable-ABI
+`abi3` wheel, which 3.12 installs too; else a pure-Python wheel; the sdist only when the
+release ships no wheel: vLLM's wheel holds code its sdist lacks, the kernels' Python
+copied in at build time, which reads its own environment variables), checks it against
+the index's sha256, reads its Python sources
 straight out of the archive and parses them with `ast` (nothing of the package is
 imported or run; see lab.engines.source_eval), and writes `lab/engines/releases/
 <engine>-<version>.json`:
@@ -92,9 +95,10 @@ SCHEMA = "lab.engine-release/1"
 RELEASES_DIR = Path(__file__).resolve().parent / "releases"
 DEFAULT_CACHE = Path(__file__).resolve().parents[2] / "out" / "engine-downloads"
 DEFAULT_INDEX = "https://pypi.org/simple"
-# The wheel a lab node installs when a release ships no sdist: DGX Spark runs CPython 3.12
-# on aarch64 (manylinux).
+# The wheel a lab node installs: DGX Spark runs CPython 3.12 on aarch64 (manylinux); a
+# stable-ABI wheel built for an older CPython (vLLM's cp38-abi3) installs there too.
 WHEEL_PYTHON = "cp312"
+WHEEL_ABI3_FROM = (3, 8)
 WHEEL_PLATFORM = "aarch64"
 ENGINES = {"vllm": "vllm", "sglang": "sglang"}  # engine -> package name
 
@@ -128,29 +132,35 @@ def _index_files(package: str, index_url: str) -> list[dict[str, Any]]:
 
 
 def choose_artifact(package: str, version: str, files: Sequence[Mapping[str, Any]]) -> Artifact:
-    """The sdist if the release has one; else a pure-Python wheel; else the CPython 3.12
-    aarch64 manylinux wheel (what a DGX Spark node installs)."""
+    """The wheel a DGX Spark node installs (CPython 3.12 or abi3, aarch64 manylinux); else
+    a pure-Python wheel; else the sdist."""
     sdist = re.compile(rf"^{re.escape(package)}-{re.escape(version)}\.tar\.gz$", re.IGNORECASE)
     wheel = re.compile(rf"^{re.escape(package)}-{re.escape(version)}-(?P<py>[^-]+)-(?P<abi>[^-]+)-"
                        r"(?P<plat>[^-]+)\.whl$", re.IGNORECASE)
 
+    def installs(py: str, abi: str) -> bool:
+        if py == WHEEL_PYTHON:
+            return True
+        m = re.fullmatch(r"cp3(\d+)", py)
+        return abi == "abi3" and m is not None and (3, int(m[1])) >= WHEEL_ABI3_FROM
+
     def rank(name: str) -> int | None:
         if sdist.match(name):
-            return 0
+            return 2
         m = wheel.match(name)
         if not m:
             return None
         if m["plat"] == "any":
             return 1
-        if m["py"] == WHEEL_PYTHON and WHEEL_PLATFORM in m["plat"] and "manylinux" in m["plat"]:
-            return 2
+        if installs(m["py"], m["abi"]) and WHEEL_PLATFORM in m["plat"] and "manylinux" in m["plat"]:
+            return 0
         return None
 
     ranked = sorted((r, f["filename"], f) for f in files
                     if not f.get("yanked") and (r := rank(f["filename"])) is not None)
     if not ranked:
-        raise ExtractError(f"{package}=={version}: no sdist, pure wheel or {WHEEL_PYTHON} "
-                           f"{WHEEL_PLATFORM} wheel on the index")
+        raise ExtractError(f"{package}=={version}: no {WHEEL_PYTHON} (or abi3) {WHEEL_PLATFORM} "
+                           "wheel, pure wheel or sdist on the index")
     _, filename, chosen = ranked[0]
     sha = chosen.get("hashes", {}).get("sha256")
     if not sha:
@@ -768,7 +778,6 @@ LINE_FINDERS: dict[str, dict[str, LineFinder]] = {
         "kv_cache_size": LineFinder(r"KV cache size: |Maximum concurrency for", writers="rank 0"),
         "available_kv_memory": LineFinder(r"Available KV cache memory", writers="every rank"),
         "api_server_start": LineFinder(r"^Starting vLLM (API )?server", writers="rank 0"),
-        "api_server_version": LineFinder(r"vLLM API server version"),
         "moe_backend": LineFinder(r"^Using .*(NvFp4|\{self\.name\}) MoE .*backend",
                                   paths=("vllm/model_executor/layers/fused_moe/",),
                                   why="the NVFP4 MoE backend choice", writers="every rank"),

@@ -1,5 +1,5 @@
 """The released packages' source, read (never imported) from the archives the engines were
-downloaded as (out/engine-downloads/: the vLLM sdists, the SGLang wheels), for the tests that
+downloaded as (out/engine-downloads/: the wheels a node installs), for the tests that
 hold the platform to the lines it cites. Where the archives are absent (a fresh clone, CI)
 those checks are skipped; the behaviour each test states is checked either way."""
 
@@ -18,18 +18,16 @@ DOWNLOADS = Path(__file__).resolve().parents[3] / "out" / "engine-downloads"
 
 @cache
 def _text(engine: str, version: str, path: str) -> str | None:
-    if engine == "vllm":
-        archive = DOWNLOADS / f"vllm-{version}.tar.gz"
-        if not archive.is_file():
-            return None
-        with tarfile.open(archive) as tar:
-            member = tar.extractfile(f"vllm-{version}/{path}")
-            return member.read().decode() if member is not None else None
     wheels = sorted(DOWNLOADS.glob(f"{engine}-{version}-*.whl"))
-    if not wheels:
+    if wheels:
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            return wheel.read(path).decode()
+    archive = DOWNLOADS / f"{engine}-{version}.tar.gz"  # what an older `make engine-tables` kept
+    if not archive.is_file():
         return None
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        return wheel.read(path).decode()
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile(f"{engine}-{version}/{path}")
+        return member.read().decode() if member is not None else None
 
 
 def source(engine: str, version: str, path: str) -> str:

@@ -57,7 +57,6 @@ def test_vllm_timed_startup_lines(version: str) -> None:
     for text in formats("vllm", version, "api_server_start"):
         assert the("vllm", fill(text, ["http://0.0.0.0:8000"]), version,
                    "api_ready")["url"] == "http://0.0.0.0:8000"
-    assert formats("vllm", version, "api_server_version") == ()
 
 
 @pytest.mark.parametrize("version", VLLM)

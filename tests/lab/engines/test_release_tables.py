@@ -597,20 +597,26 @@ def test_a_spec_that_is_not_an_engine_release_is_refused(capsys: pytest.CaptureF
     assert "expected ENGINE==VERSION with ENGINE one of vllm, sglang" in capsys.readouterr().err
 
 
-def test_the_artifact_is_the_sdist_else_the_nodes_wheel() -> None:
+def test_the_artifact_is_the_wheel_a_node_installs() -> None:
     def files(*names: str, yanked: str = "") -> list[dict[str, Any]]:
         return [{"filename": n, "url": f"https://files.example/{n}", "size": 1,
                  "hashes": {"sha256": "ab" * 32}, "yanked": n == yanked} for n in names]
 
-    both = files("vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl", "vllm-0.34.0.tar.gz")
-    assert extract.choose_artifact("vllm", "0.34.0", both).filename == "vllm-0.34.0.tar.gz"
+    # vLLM ships a stable-ABI wheel, which CPython 3.12 on aarch64 installs: it holds the
+    # kernels' Python that the sdist lacks.
+    vllm = files("vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                 "vllm-0.34.0-cp38-abi3-manylinux_2_28_aarch64.whl", "vllm-0.34.0.tar.gz")
+    assert extract.choose_artifact("vllm", "0.34.0", vllm).filename == \
+        "vllm-0.34.0-cp38-abi3-manylinux_2_28_aarch64.whl"
+    x86_only = files("vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl", "vllm-0.34.0.tar.gz")
+    assert extract.choose_artifact("vllm", "0.34.0", x86_only).filename == "vllm-0.34.0.tar.gz"
     wheels = files("sglang-0.5.23-cp311-cp311-manylinux_2_34_aarch64.whl",
                    "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl",
                    "sglang-0.5.23-cp312-cp312-manylinux_2_34_aarch64.whl")
     chosen = extract.choose_artifact("sglang", "0.5.23", wheels)
     assert chosen.filename == "sglang-0.5.23-cp312-cp312-manylinux_2_34_aarch64.whl"
-    pure = files("sglang-0.5.9-py3-none-any.whl", "sglang-0.5.9-cp312-cp312-manylinux_2_34_aarch64.whl")
+    pure = files("sglang-0.5.9-py3-none-any.whl", "sglang-0.5.9.tar.gz")
     assert extract.choose_artifact("sglang", "0.5.9", pure).filename.endswith("py3-none-any.whl")
-    with pytest.raises(extract.ExtractError, match="no sdist"):
+    with pytest.raises(extract.ExtractError, match="wheel, pure wheel or sdist"):
         extract.choose_artifact("vllm", "0.34.0", files("vllm-0.34.0.tar.gz",
                                                         yanked="vllm-0.34.0.tar.gz"))

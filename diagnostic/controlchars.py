@@ -147,12 +147,6 @@ def find_in_form(request: HttpRequest, *, admin: bool = False,
     return _scan("form", ((name, []) for name in request.FILES), lines_in=lambda name: False)
 
 
-def find_control(request: HttpRequest, *, admin: bool = False,
-                 view_checks: frozenset[str] = frozenset()) -> Refusal | None:
-    """The first control character of the request's path, query string or form, or None."""
-    return find_in_address(request) or find_in_form(request, admin=admin, view_checks=view_checks)
-
-
 def refused(refusal: Refusal) -> HttpResponse:
     log.info("control character refused where=%s name=%s char=%s",
              refusal.where, _shown(refusal.name), control_name(refusal.char))

@@ -412,19 +412,12 @@ class NodeConnection:
 
         self._sftp(f"writing {remote_path}", op)
 
-    def put_file(self, local_path: Path, remote_path: str, *, mode: int = 0o644) -> None:
-        self.put_bytes(Path(local_path).read_bytes(), remote_path, mode=mode)
-
     def get_bytes(self, remote_path: str) -> bytes:
         def op(sftp: paramiko.SFTPClient) -> bytes:
             with sftp.open(remote_path, "rb") as fh:
                 return fh.read()
 
         return self._sftp(f"reading {remote_path}", op)
-
-    def get_file(self, remote_path: str, local_path: Path) -> None:
-        Path(local_path).write_bytes(self.get_bytes(remote_path))
-
 
 class LabSSH:
     """Connections to every node of an inventory, and the same command on many at once."""

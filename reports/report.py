@@ -1,8 +1,9 @@
 """One report, end to end: findings.json -> content -> HTML -> report.pdf beside it.
 
-`render_report` is what `diagnose` and `make demo` call; `render` returns the details
-(version digest, money-back decision, page count, timings) that the email step and the
-staff views need. The PDF is written atomically (`write_atomically`): a failed write
+`render` writes report.pdf for a findings document (the job's report step,
+diagnostic.jobs.report, calls it for `diagnose`, `make demo` and the staff's re-render) and
+returns the details (version digest, money-back decision, page count, timings) that the
+email step and the staff views need. The PDF is written atomically (`write_atomically`): a failed write
 leaves no truncated file at its final path. The report's version is a digest of what it
 says (the findings, the customer, the lab day and the money-back outcome), not of the
 PDF's bytes, so rendering the same job twice gives the same version and the email goes
@@ -209,9 +210,3 @@ def render(
     return RenderedReport(target, digest, result.pages, decision, result.refused, timings)
 
 
-def render_report(findings: Mapping[str, Any], out_dir: Path, *, customer: str, **options: Any) -> Path:
-    """Write report.pdf for a findings document into `out_dir` and return its path.
-
-    Keyword options are `render`'s: lab_day, as_of, sent_at, overrides, holidays, timeout_s.
-    """
-    return render(findings, out_dir, customer=customer, **options).pdf_path

@@ -147,10 +147,6 @@ class StageContext:
         return self.stage.attempts
 
     @property
-    def last_attempt(self) -> bool:
-        return self.stage.attempts >= self.max_attempts
-
-    @property
     def session(self) -> LabSession:
         """The lab session, opened on first use (stages that never touch the lab never connect)."""
         return self.access.session()

@@ -158,10 +158,6 @@ def classify(exc: BaseException) -> Fault:
     return Fault(False, "error", _describe(exc))
 
 
-def is_database_outage(exc: BaseException) -> bool:
-    return classify(exc).kind == "database"
-
-
 def reset_connection() -> None:
     """Drop this thread's database connection so that the next query opens a fresh one; a
     connection inside a transaction is left to the transaction's owner."""

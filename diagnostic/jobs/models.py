@@ -193,11 +193,6 @@ class DiagnosticJob(models.Model):
             return f"waiting for your lab day ({day:%A} {day.day} {day:%B %Y})"
         return self.get_status_display()
 
-    @property
-    def has_started(self) -> bool:
-        """The diagnostic has begun (or ended): the booking can no longer be moved."""
-        return self.status != self.Status.QUEUED or self.started_at is not None
-
     def request_cancel(self) -> bool:
         """Ask the job to stop; the orchestrator honours it between stages and through the
         stage heartbeat. Returns False when the job had already ended."""

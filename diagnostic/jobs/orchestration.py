@@ -90,12 +90,6 @@ def retry_countdown(attempt: int) -> float:
     return float(min(settings.DIAG_RETRY_MAX_S, base * 2 ** max(0, attempt - 1)))
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Faults worth another try (faults.classify): an unreachable node, a launch that timed
-    out, a database or broker that was away, an endpoint that reset, a disk that was full."""
-    return classify(exc).transient
-
-
 @dataclass(frozen=True)
 class TimeLimit:
     """A synchronous run's overall limit: `seconds` from its start, ending at the monotonic

@@ -75,5 +75,3 @@ def apply_changes(config: Mapping[str, Any], changes: Iterable[Mapping[str, Any]
     return normalize_config(out, catalog=catalog) if catalog is not None else renormalize(out)
 
 
-def changed_paths(changes: Iterable[Mapping[str, Any]]) -> list[str]:
-    return list(dict.fromkeys(str(c["path"]) for c in changes))

@@ -12,7 +12,6 @@ from diagnostic.bookings.models import (
     Booking,
     LabDay,
     Organisation,
-    booking_window,
     calendar_end,
     first_bookable_date,
 )
@@ -95,8 +94,3 @@ def lab_calendar(organisation: Organisation, *, start: dt.date | None = None) ->
     return weeks
 
 
-def is_bookable_now(lab_day: LabDay) -> bool:
-    """The calendar offers the day: open, outside the cutoff and not beyond the calendar's
-    end (book_lab_day with limits says which, when not)."""
-    first, end = booking_window()
-    return not lab_day.closed and first <= lab_day.date < end

@@ -133,16 +133,6 @@ def form_document(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, li
     return document, errors
 
 
-def structured_fields(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The configuration document of a structured form; ConfigError on its first problem
-    (form_document lists them all)."""
-    document, errors = form_document(data)
-    for name, messages in errors.items():
-        dotted = next((d for d, _ in STRUCTURED_FIELDS if input_name(d) == name), name)
-        raise ConfigError(dotted, messages[0].removeprefix(f"{dotted}: "))
-    return document
-
-
 def _form_input_for(dotted: str) -> str:
     """The structured form's input a configuration field's error belongs beside."""
     names = [d for d, _ in STRUCTURED_FIELDS]

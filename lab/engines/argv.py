@@ -578,9 +578,6 @@ class ReleaseParser:
         for option in (_HELP, *self.options):
             for s in option.option_strings:
                 self._by_string.setdefault(s, option)
-        self._by_dest: dict[str, Option] = {}
-        for option in self.options:
-            self._by_dest.setdefault(option.dest, option)
         self._generated: str | None = None
         self._negative_like = any(_NEGATIVE_NUMBER.match(s) for s in self._by_string)
 
@@ -588,9 +585,6 @@ class ReleaseParser:
     def option(self, name: str) -> Option | None:
         """The option `name` (an exact option string) names, or None."""
         return self._by_string.get(name)
-
-    def by_dest(self, dest: str) -> Option | None:
-        return self._by_dest.get(dest)
 
     def has(self, name: str) -> bool:
         return name in self._by_string

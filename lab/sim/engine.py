@@ -33,7 +33,6 @@ import json
 import math
 import random
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,12 +219,6 @@ def backend_state(backend: str, fp4: dict[str, Any]) -> str:
 
 def weights_per_node_gb(model: dict[str, Any], nodes: int) -> float:
     return float(model["checkpoint_gb"]) / max(1, nodes)
-
-
-def load_seconds(weights_gb: float, cached_gb: float, read_gbs: float, page_cache_gbs: float) -> float:
-    """What is still in page cache reads at page-cache speed, the rest at the loader's."""
-    cached = min(cached_gb, weights_gb)
-    return cached / page_cache_gbs + (weights_gb - cached) / read_gbs
 
 
 def is_hub_id(name: str) -> bool:
@@ -1407,9 +1400,4 @@ _TOKENIZER_FRAMES = {
     ],
 }
 
-
-def wait_all(processes: list[EngineProcess], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for p in processes:
-        p.wait(max(0.0, deadline - time.monotonic()))
 

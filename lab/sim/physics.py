@@ -165,11 +165,6 @@ class RequestSchedule:
     def ttft_ms(self) -> float:
         return self.steps[0].lab_ms if self.steps else 0.0
 
-    @property
-    def total_ms(self) -> float:
-        return sum(s.lab_ms for s in self.steps)
-
-
 def sample_accepted(acceptance: Sequence[float], rng: random.Random) -> int:
     """Length of the accepted draft prefix: stop at the first rejected position."""
     accepted = 0

@@ -60,7 +60,11 @@ def test_every_sourced_line_is_the_releases_at_its_level_and_once_where_it_says(
     entries = _entries(version)
     bar_texts = {f["text"] for f in release("vllm", version)["lines"]["shard_progress"]["found"]}
     checked = bars = 0
-    for config in (out_of_box(), load_path_fixed()):
+    # Eager mode with Marlin: no torch.compile lines, the init line without its compilation
+    # part, Marlin's warning after the weights (the process_weights_after_loading hook).
+    eager_marlin = load_path_fixed()
+    eager_marlin["serving"].update(enforce_eager=True, moe_backend="marlin")
+    for config in (out_of_box(), load_path_fixed(), eager_marlin):
         config["engine"] = {"name": "vllm", "version": version}
         for node, lines in _written(lab, config).items():
             seen: collections.Counter[tuple[str, str]] = collections.Counter()

@@ -156,7 +156,10 @@ def test_a_node_powered_off_mid_measure_ends_the_job_with_one_clear_reason(
     from tests.diagnostic.doubles import fast_scenario
 
     stages = ["preflight", "reproduce", "measure"]
-    with SimLab(fast_scenario(tmp_path, REFERENCE_SCENARIO), tmp_path / "labsim") as sim:
+    # At 60 lab seconds per wall second the measurement (about 600 lab s) lasts ten wall
+    # seconds, so the node goes down while it runs even when a busy machine makes this
+    # test's polling slow; at the usual 150 it could end first (one attempt, no fault).
+    with SimLab(fast_scenario(tmp_path, REFERENCE_SCENARIO, 60), tmp_path / "labsim") as sim:
         scenario.start_worker()
         job_id = scenario.submit(stages, inventory=sim.inventory_path)
         scenario.wait_for(

@@ -94,7 +94,7 @@ bench-chaos: install
 # and fails, naming the file, if a committed table is stale. About 2.5 minutes.
 ENGINE_RELEASES := vllm==0.29.0 vllm==0.34.0 sglang==0.5.12 sglang==0.5.23
 engine-tables: install
-	$(PY) -m lab.engines.extract --check $(ENGINE_RELEASES)
+	$(PY) -m enginetables.extract --check $(ENGINE_RELEASES)
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

@@ -1,6 +1,6 @@
 """Each modelled engine version as data, taken from its released package.
 
-    python -m lab.engines.extract vllm==0.34.0 [sglang==0.5.23 ...] [--out DIR] [--check]
+    python -m enginetables.extract vllm==0.34.0 [sglang==0.5.23 ...] [--out DIR] [--check]
 
 For each `package==version` the tool fetches the release from the package index (the
 wheel a DGX Spark node installs: manylinux aarch64 for CPython 3.12, or a stable-ABI
@@ -9,7 +9,7 @@ release ships no wheel: vLLM's wheel holds code its sdist lacks, the kernels' Py
 copied in at build time, which reads its own environment variables), checks it against
 the index's sha256, reads its Python sources
 straight out of the archive and parses them with `ast` (nothing of the package is
-imported or run; see lab.engines.source_eval), and writes `lab/engines/releases/
+imported or run; see enginetables.source_eval), and writes `lab/engines/releases/
 <engine>-<version>.json`:
 
 - `flags`: every option of the serve command (`vllm serve`, SGLang's `python -m
@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.engines.source_eval import (
+from enginetables.source_eval import (
     LITERAL,
     NONE_TYPE,
     UNION,
@@ -92,8 +92,9 @@ from lab.engines.source_eval import (
 )
 
 SCHEMA = "lab.engine-release/1"
-RELEASES_DIR = Path(__file__).resolve().parent / "releases"
-DEFAULT_CACHE = Path(__file__).resolve().parents[2] / "out" / "engine-downloads"
+REPO = Path(__file__).resolve().parents[1]
+RELEASES_DIR = REPO / "lab" / "engines" / "releases"
+DEFAULT_CACHE = REPO / "out" / "engine-downloads"
 DEFAULT_INDEX = "https://pypi.org/simple"
 # The wheel a lab node installs: DGX Spark runs CPython 3.12 on aarch64 (manylinux); a
 # stable-ABI wheel built for an older CPython (vLLM's cp38-abi3) installs there too.
@@ -287,7 +288,7 @@ def _vllm_rules(ev: SourceEval) -> _VllmRules:
         ev.note(f"vllm.engine.arg_utils._compute_kwargs (fingerprint {rules.fingerprint}) "
                 "differs from the releases its emulation was checked against "
                 f"({', '.join(sorted(_VLLM_COMPUTE_KWARGS_CHECKED.values()))}): review "
-                "lab.engines.extract._vllm_field_kwargs")
+                "enginetables.extract._vllm_field_kwargs")
     return rules
 
 
@@ -524,7 +525,7 @@ def _sglang_add_cli_args_from_dataclass(ev: SourceEval, args: list[Any], kwargs:
             ev.note(f"sglang add_cli_args_from_dataclass (fingerprint {fp}) differs from the "
                     "release its emulation was checked against "
                     f"({', '.join(sorted(_SGLANG_ARG_UTILS_CHECKED.values()))}): review "
-                    "lab.engines.extract._sglang_add_cli_args_from_dataclass")
+                    "enginetables.extract._sglang_add_cli_args_from_dataclass")
     # ServerArgs gathers its fields from the namespace classes listed in _INPUT_NAMESPACES
     # (server_args.py builds the struct with msgspec.defstruct).
     sources: list[Any] = [cls]
@@ -1193,7 +1194,7 @@ def run(specs: Sequence[str], *, out_dir: Path, cache: Path, check: bool, index_
         if check:
             if not path.exists() or path.read_bytes() != text.encode():
                 stale.append(path)
-                log(f"{shown} is stale: regenerate it with python -m lab.engines.extract "
+                log(f"{shown} is stale: regenerate it with python -m enginetables.extract "
                     f"{engine}=={version}")
             else:
                 log(f"{shown} is up to date")
@@ -1206,7 +1207,7 @@ def run(specs: Sequence[str], *, out_dir: Path, cache: Path, check: bool, index_
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lab.engines.extract",
+        prog="python -m enginetables.extract",
         description="Extract an engine release's flags, environment variables, log lines "
                     "and metrics from its package into lab/engines/releases/.")
     parser.add_argument("specs", nargs="+", metavar="ENGINE==VERSION")

@@ -1,7 +1,7 @@
 """Reading a released package's Python without importing it: just enough of Python to
 follow how an engine builds its argparse parser.
 
-`lab.engines.extract` hands this module a release's sources (path -> text, straight out
+`enginetables.extract` hands this module a release's sources (path -> text, straight out
 of the archive) and a driver call (`SourceEval.run_function`). The evaluator walks the
 syntax trees: module top levels, class bodies, function calls, comprehensions, f-strings,
 `typing` annotations, Enums, and the container methods the parsers use. It never executes

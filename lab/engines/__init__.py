@@ -2,7 +2,7 @@
 
 Every interface here is the released engines', read from their tables
 (lab/engines/releases/<engine>-<version>.json, extracted from the packages by
-lab.engines.extract): which versions exist (`modelled_versions`), which flags each has
+enginetables.extract): which versions exist (`modelled_versions`), which flags each has
 and how its argparse reads them (lab.engines.argv), its FP4 backend choices
 (`backend_choices`) and its log lines. A configuration names one of those versions
 (`engine.version`; lab.config.DEFAULT_ENGINE_VERSIONS when it does not).

@@ -2,7 +2,7 @@
 environment variables, log lines and metrics.
 
 The tables live in lab/engines/releases/<engine>-<version>.json; `python -m
-lab.engines.extract ENGINE==VERSION` writes them from the released package (the format
+enginetables.extract ENGINE==VERSION` writes them from the released package (the format
 is described there) and `make engine-tables` checks them against the registry. This
 module only reads them: `modelled_versions("vllm")`, `release("vllm", "0.34.0")`, and
 `flag(table, "-tp")` to find a flag by any of its option strings. A table is shared

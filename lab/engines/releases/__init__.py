@@ -1,3 +1,3 @@
 """The modelled engine releases' tables (<engine>-<version>.json), written by
-`python -m lab.engines.extract` and read through lab.engines.tables. A package only so
+`python -m enginetables.extract` and read through lab.engines.tables. A package only so
 that the tables ship with the code."""

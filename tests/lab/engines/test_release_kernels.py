@@ -8,8 +8,8 @@ import ast
 
 import pytest
 
+from enginetables.extract import nvfp4_linear_kernels
 from lab.engines import parse_log
-from lab.engines.extract import nvfp4_linear_kernels
 from lab.engines.tables import release
 from lab.engines.vllm import linear_kernel_choice
 from lab.sim.engine import VLLM_MOE_POTENTIAL

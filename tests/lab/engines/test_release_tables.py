@@ -1,5 +1,5 @@
 """The modelled engine releases as data (lab/engines/releases/, lab.engines.tables), and
-the tool that extracts them (lab.engines.extract) run on small packages built here.
+the tool that extracts them (enginetables.extract) run on small packages built here.
 Nothing is downloaded: the committed tables are read as they are, and the extractor reads
 archives written to tmp_path."""
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lab.engines import extract
+from enginetables import extract
 from lab.engines.tables import RELEASES_DIR, flag, modelled_versions, release
 
 MODELLED = {"vllm": ("0.29.0", "0.34.0"), "sglang": ("0.5.12", "0.5.23")}
@@ -589,7 +589,7 @@ def test_check_fails_naming_the_stale_table(tmp_path: Path, monkeypatch: pytest.
     assert extract.main(["vllm==9.9.9", "--out", str(out), "--check"]) == 1
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert message.endswith("vllm-9.9.9.json is stale: regenerate it with python -m "
-                            "lab.engines.extract vllm==9.9.9")
+                            "enginetables.extract vllm==9.9.9")
 
 
 def test_a_spec_that_is_not_an_engine_release_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,7 @@ replaced let through variables that load code or reach the network (issue 29).
 
 Two enforcers read this one policy: intake (lab.config `_env`, which words the refusals
 for a customer) and the node agent, which receives it compiled into its own bytes when it
-is pushed (`compiled_policy`, `policy_json`; lab.agent.agent_source) and refuses a launch
+is pushed (`compiled_policy`, `policy_json`; lab.agent_push.agent_source) and refuses a launch
 spec outside it. The value rules are the agent's functions (lab/agent/agent.py
 `env_value_problem`), imported here, so the two cannot disagree about a value.
 """

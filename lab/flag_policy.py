@@ -13,7 +13,7 @@ Four readers use the same lists: intake (lab.engines.base `Engine.check_extra_ar
 refuses any flag not listed for a customer and stores each under its listed spelling),
 rendering (lab.engines.render holds every rendered argv to the list before a node sees
 it), the simulated nodes and the node agent, which receives every list compiled into its
-own bytes when it is pushed (`policy_json`; lab.agent.agent_source) and refuses a launch
+own bytes when it is pushed (`policy_json`; lab.agent_push.agent_source) and refuses a launch
 spec whose argv is not the engine's entry point with listed flags only. The value rules
 are the agent's functions (lab/agent/agent.py `flag_value_problem`, `argv_problem`),
 imported here, so that no two readers can disagree about a flag or a value.

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from lab.agent import agent_source
+from lab.agent_push import agent_source
 from lab.clock import LabClock
 from lab.config import AUTH_ENV, argv_secrets, auth_flag, mask_argv, mask_env, mask_secret, mask_text
 from lab.inventory import Inventory, Node, load_inventory

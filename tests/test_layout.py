@@ -59,6 +59,26 @@ RULES = [
      ("django", "diagnostic.jobs", "diagnostic.bookings", "diagnostic.portal", "diagnostic.staff",
       "reports", "lab.sim"),
      "pipelines are plain Python over a lab session and learn only from evidence"),
+    # Jobs are for bookings: bookings know nothing of them (a cancelled booking says so with
+    # a signal, bookings.booking_cancelling, that the jobs app answers).
+    ("diagnostic/bookings", (), ("diagnostic.jobs", "diagnostic.portal", "diagnostic.staff"),
+     "bookings are below the jobs run for them"),
+    # The staff dashboard builds on the portal's job pages (and seeds the demo, customers
+    # and consultant both); the customer portal knows nothing of the staff's.
+    ("diagnostic/portal", (), ("diagnostic.staff",),
+     "the staff dashboard builds on the portal, not the reverse"),
+    # The engine process and the node that runs it: the node starts engines, the engine
+    # sees its node through a protocol (lab.sim.engine.EngineHost), never the module.
+    ("lab/sim", ("lab/sim/node.py", "lab/sim/lab.py", "lab/sim/sshd.py"), ("lab.sim.node",),
+     "only the lab and its SSH server hold nodes; the engine does not import its node"),
+    # The release tables' extractor is build tooling: the runtime reads only the tables.
+    ("lab", (), ("enginetables",), "the running lab reads the release tables, not their extractor"),
+    ("diagnostic", (), ("enginetables",), "the platform reads the release tables, not their extractor"),
+    ("reports", (), ("enginetables",), "reports read no release tables"),
+    # The agent's own package is below the lab's policies (they use its constants); the
+    # bytes pushed to nodes, agent and policies together, are lab.agent_push's.
+    ("lab/agent", (), ("lab.env_policy", "lab.flag_policy", "lab.agent_push"),
+     "the node agent is below the policies written into it"),
     # `diagnose --lab sim:SCENARIO` starts a simulated lab and hands the stages its inventory;
     # nothing else of the platform may reach into the simulator.
     ("diagnostic", ("diagnostic/jobs/management/commands/diagnose.py",), ("lab.sim",),

@@ -18,9 +18,16 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import Q
+from django.dispatch import Signal
 from django.utils import timezone
 
 from lab.inventory import Inventory
+
+# Sent inside cancel_booking's transaction, before the booking is marked cancelled, with
+# `booking`, `reason` and `now`: the jobs app cancels the diagnostics still waiting for the
+# day (diagnostic.jobs.models.cancel_waiting_jobs). Bookings are below jobs and do not
+# import them.
+booking_cancelling = Signal()
 
 SIM_PREFIX = "sim:"
 
@@ -302,26 +309,6 @@ def started_jobs(booking: Booking) -> models.QuerySet[Any]:
     return booking.jobs.exclude(status="cancelled").filter(~Q(status="queued") | Q(started_at__isnull=False))
 
 
-def cancel_waiting_jobs(
-    booking: Booking, *, reason: str, now: dt.datetime | None = None, only: Any = None
-) -> int:
-    """Cancel the jobs (or the one job `only`) still waiting for the booking's lab day,
-    with their stages, saying why; returns how many. A job that has started is left be."""
-    from diagnostic.jobs.models import DiagnosticJob, StageRun  # jobs depends on bookings
-
-    moment = now or timezone.now()
-    waiting = DiagnosticJob.objects.filter(booking=booking, status="queued", started_at__isnull=True)
-    if only is not None:
-        waiting = waiting.filter(pk=only)
-    ids = list(waiting.values_list("pk", flat=True))
-    StageRun.objects.filter(job_id__in=ids, status="pending").update(
-        status="cancelled", status_message=f"not run: {reason}", finished_at=moment
-    )
-    return waiting.filter(pk__in=ids).update(
-        status="cancelled", status_message=reason, cancel_requested=True, finished_at=moment
-    )
-
-
 # -- what a customer may book: the calendar's days, a few at a time ---------------------
 def max_open_bookings() -> int:
     """How many upcoming lab days one organisation may hold at once (BOOKING_MAX_OPEN_PER_ORG)."""
@@ -471,7 +458,9 @@ def cancel_booking(*, booking: Booking, now: dt.datetime | None = None) -> Booki
     with transaction.atomic():
         booking = Booking.objects.select_for_update().get(pk=booking.pk)
         _check_changeable(booking, moment)
-        cancel_waiting_jobs(booking, reason="the booking was cancelled before its lab day", now=moment)
+        # The diagnostics waiting for the day go with it (jobs' receiver, in this transaction).
+        booking_cancelling.send(sender=Booking, booking=booking,
+                                reason="the booking was cancelled before its lab day", now=moment)
         if started_jobs(booking).exists():  # the lab day's start won a race with this cancel
             raise BookingRefused("the diagnostic for this booking has started; it can no longer be changed")
         booking.status = Booking.Status.CANCELLED

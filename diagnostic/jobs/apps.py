@@ -11,6 +11,10 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         import diagnostic.checks  # noqa: F401 - registers the deployment checks
+        from diagnostic.bookings.models import booking_cancelling
+        from diagnostic.jobs.models import booking_cancelling_receiver
         from diagnostic.jobs.registry import load_adapters
 
+        booking_cancelling.connect(booking_cancelling_receiver,
+                                   dispatch_uid="diagnostic.jobs.booking_cancelling")
         load_adapters()

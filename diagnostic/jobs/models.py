@@ -503,3 +503,29 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind}: {self.message}"
+
+
+def cancel_waiting_jobs(booking: Booking, *, reason: str, now: dt.datetime | None = None,
+                        only: Any = None) -> int:
+    """Cancel the jobs (or the one job `only`) still waiting for the booking's lab day,
+    with their stages, saying why; returns how many. A job that has started is left be."""
+    moment = now or timezone.now()
+    waiting = DiagnosticJob.objects.filter(booking=booking, status=DiagnosticJob.Status.QUEUED,
+                                           started_at__isnull=True)
+    if only is not None:
+        waiting = waiting.filter(pk=only)
+    ids = list(waiting.values_list("pk", flat=True))
+    StageRun.objects.filter(job_id__in=ids, status=StageRun.Status.PENDING).update(
+        status=StageRun.Status.CANCELLED, status_message=f"not run: {reason}", finished_at=moment
+    )
+    return waiting.filter(pk__in=ids).update(
+        status=DiagnosticJob.Status.CANCELLED, status_message=reason, cancel_requested=True,
+        finished_at=moment,
+    )
+
+
+def booking_cancelling_receiver(sender: Any, *, booking: Booking, reason: str, now: dt.datetime,
+                                 **kwargs: Any) -> None:
+    """bookings.booking_cancelling: the booking's waiting diagnostics go with it."""
+    cancel_waiting_jobs(booking, reason=reason, now=now)
+

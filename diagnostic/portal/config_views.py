@@ -17,8 +17,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from diagnostic.bookings.configs import masked_submission, submit_configuration
-from diagnostic.bookings.models import Booking, cancel_waiting_jobs
+from diagnostic.bookings.models import Booking
 from diagnostic.controlchars import checks_control_characters
+from diagnostic.jobs.models import cancel_waiting_jobs
 from diagnostic.jobs.orchestration import create_job
 from diagnostic.portal.configform import initial_values, sections, version_choices
 from diagnostic.portal.jobrun import start_job

@@ -105,7 +105,7 @@ AGENT_ENV_KEPT = ("LANG", "LANGUAGE", "TZ")
 AGENT_ENV_KEPT_PREFIXES = ("LC_",)
 # The environment a launch spec may give the engine: lab/env_policy.yaml compiled, per
 # engine and version, with the release tables (lab.env_policy.compiled_policy). The
-# platform writes it into the next line when it pushes the agent (lab.agent.agent_source),
+# platform writes it into the next line when it pushes the agent (lab.agent_push.agent_source),
 # so the checksum the platform verifies after the push covers the policy as well; an
 # agent.py copied by other means holds none and launches no spec that sets a variable.
 ENV_POLICY_JSON = ""

@@ -42,13 +42,13 @@ from lab.agent.agent import ENGINE_ENV_FIXED
 from lab.clock import LabClock
 from lab.sim import logfmt
 from lab.sim.hardware import NodeHardware, node_ipv4
+from lab.sim.paths import NodePaths
 from lab.sim.release import Line, Release
 from lab.sim.scenario import Scenario
 
 if TYPE_CHECKING:
     from lab.engines import ParsedLaunch
     from lab.sim.http import ServingEngine
-    from lab.sim.node import NodePaths
 
 SHARDS = 64
 # The batch sizes the simulated SGLang says it captured graphs for (0.5.23's capture line

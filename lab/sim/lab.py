@@ -45,7 +45,8 @@ from lab.catalog import Catalog, parse_catalog
 from lab.clock import LabClock
 from lab.sim.engine import SHARDS, RendezvousHub
 from lab.sim.hardware import data_address
-from lab.sim.node import LabContext, NodePaths, SimNode
+from lab.sim.node import LabContext, SimNode
+from lab.sim.paths import NodePaths
 from lab.sim.scenario import Scenario, load_scenario
 from lab.sim.sshd import NodeSSHServer
 

@@ -47,6 +47,7 @@ from lab.flag_policy import compiled_policy as compiled_flag_policy
 from lab.sim import fp4
 from lab.sim.engine import EngineProcess, RendezvousHub, backend_state
 from lab.sim.hardware import NodeHardware
+from lab.sim.paths import NodePaths
 from lab.sim.scenario import ENGINE_DEFAULT_VERSIONS, Scenario
 
 AGENT_SCHEMA = "lab.agent/1"
@@ -77,13 +78,6 @@ class AgentFailure(Exception):
         self.code = code
         self.message = message
         self.exit_status = exit_status
-
-
-@dataclass(frozen=True)
-class NodePaths:
-    work_dir: str
-    model_dir: str
-    cache_dir: str
 
 
 @dataclass

@@ -20,7 +20,7 @@ from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import SIM_PREFIX, Booking, Customer, Lab, LabDay, Organisation, book_lab_day
 from diagnostic.jobs.models import DiagnosticJob, ReportVersion
 from diagnostic.jobs.orchestration import create_job
-from diagnostic.portal.demo import SCENARIO
+from diagnostic.staff.demo import SCENARIO
 from tests.diagnostic.conftest import REFERENCE_CONFIG
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -19,7 +19,7 @@ from pypdf import PdfReader
 
 from diagnostic.bookings.models import SIM_PREFIX, Booking, Lab, LabDay
 from diagnostic.jobs.models import DiagnosticJob
-from diagnostic.portal.demo import SCENARIO, serving_sim_lab
+from diagnostic.staff.demo import SCENARIO, serving_sim_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

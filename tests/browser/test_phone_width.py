@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from diagnostic.bookings.models import SIM_PREFIX, Customer, Lab, LabDay, Organisation, book_lab_day
-from diagnostic.portal.demo import SCENARIO
+from diagnostic.staff.demo import SCENARIO
 from tests.diagnostic.portal.conftest import finished_job
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

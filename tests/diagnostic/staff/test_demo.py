@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from diagnostic.bookings.models import Lab, LabDay
-from diagnostic.portal import demo
+from diagnostic.staff import demo
 from reports.moneyback import report_deadline
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,6 @@
 """Runs the real agent.py as a subprocess, the way the platform runs it on a node, and
 checks every answer against lab/agent/schema.json before a test looks at it. The agent run
-is the one the platform pushes (lab.agent.agent_source: agent.py with the lab's environment
+is the one the platform pushes (lab.agent_push.agent_source: agent.py with the lab's environment
 policy written in), copied once per test process."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from lab.agent import agent_source, validate_response
+from lab.agent import validate_response
+from lab.agent_push import agent_source
 from tests.lab.conftest import ENGINE_PATH, engine_python, public_dir, write_agent_config
 
 

@@ -17,11 +17,10 @@ from lab.agent import (
     AGENT_PATH,
     AgentResponseError,
     agent_schema,
-    agent_sha256,
-    agent_source,
     validate_response,
     validate_sample,
 )
+from lab.agent_push import agent_sha256, agent_source
 from tests.lab.agent.conftest import agent_python, agent_python_version, run_agent, wait_until
 
 

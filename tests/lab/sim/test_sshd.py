@@ -11,7 +11,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from lab.agent import agent_sha256, agent_source
+from lab.agent_push import agent_sha256, agent_source
 from lab.inventory import Node, load_inventory
 from lab.sim.lab import SimLab, write_ed25519_key
 from lab.ssh import AuthError, NodeConnection, Unreachable

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from diagnostic.jobs.models import DiagnosticJob
-from diagnostic.portal.demo import SimLabNotStarted, seed
+from diagnostic.staff.demo import SimLabNotStarted, seed
 
 
 class Command(BaseCommand):

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from diagnostic.bookings.models import Lab
-from diagnostic.portal.demo import LAB_NAME, SimLabNotStarted, serving_sim_lab
+from diagnostic.staff.demo import LAB_NAME, SimLabNotStarted, serving_sim_lab
 
 
 class Command(BaseCommand):

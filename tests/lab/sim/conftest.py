@@ -47,7 +47,7 @@ def launch(lab: SimLab, config: dict[str, Any], *, extra_argv: list[str] | None 
     `extra_argv` is appended to every node's command line as written (unchecked);
     `per_launch_cache` False renders as outside the lab (an ephemeral cache sets nothing)."""
     inventory = load_inventory(lab.inventory_path)
-    specs = render(config, inventory.nodes, per_launch_cache=per_launch_cache)
+    specs = render(config, inventory.nodes, catalog=inventory.catalog, per_launch_cache=per_launch_cache)
     procs = []
     for spec in specs:
         spec["argv"] += extra_argv or []

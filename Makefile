@@ -35,8 +35,9 @@ lint: install
 # milliseconds is seconds of lab time and now and then moves a measured figure past a test's
 # bound; a test whose assertion fails is run up to twice more, and the summary lists each
 # such run as RERUN (-rR). A real defect fails all three times (with three workers on two
-# cores a busy-machine failure came twice in a row once in a 3,400-test run). Issue 42 (busy machine) is to make each such test bound
-# lab time only; the RERUN lines in CI's output say which still do not.
+# cores a busy-machine failure came twice in a row once in a 3,400-test run). Issue 42
+# (busy machine) is to make each such test bound lab time only; the RERUN lines in CI's
+# output say which still do not.
 test: lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=25 -rfER \
 		--reruns 2 --only-rerun AssertionError $(PYTEST_ARGS)

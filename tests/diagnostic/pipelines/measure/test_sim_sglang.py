@@ -152,9 +152,10 @@ def test_sglangs_step_counted_windows_and_accept_len_give_the_acceptance(measure
         # log's one-second stamps at either end and the steps' own noise.
         forty_steps_s = 40 * emitted / result[workload]["mean_tps"]
         widths = log["window_widths_s"]
-        assert len(set(widths)) > 1 and 10.0 not in widths
-        # (A pause of the host running the simulator stretches a window in lab time, as a
-        # stalled engine would: most windows, not all.)
+        # Not the clock's period: that would make every window 10 s. (A pause of the host
+        # running the simulator stretches a window in lab time, as a stalled engine would,
+        # and one once came to exactly 10 s: most windows, not all.)
+        assert len(set(widths)) > 1 and widths.count(10.0) < len(widths) / 2
         near = [w for w in widths if abs(w - forty_steps_s) <= 1.0 + 0.1 * forty_steps_s]
         assert len(near) >= 0.9 * len(widths)
         assert statistics.median(widths) == pytest.approx(forty_steps_s, abs=1.0)

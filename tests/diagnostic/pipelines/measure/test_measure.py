@@ -58,8 +58,11 @@ def test_lab_time_comes_from_the_callers_conversion(tokenizer_path: Path, pieces
     # Steps of 0.3 lab s at dilation 30 are 10 ms on the wall: 3.33 tok/s in lab time.
     with serving(ServerPlan(pieces=pieces, step_s=0.3, ttft_s=3.0, dilation=30)) as server:
         result = _measure(server, tokenizer_path)
-    assert result["code"]["mean_tps"] == pytest.approx(1 / 0.3, rel=0.03)
-    assert result["code"]["ttft_s"] == pytest.approx(3.0, abs=0.6)  # 20 ms of wall slack
+    # The stub paces in wall time, which a busy machine stretches (it once read 3 % slow):
+    # the rate is at most the pace and well above a double conversion's (1/30 of it); without
+    # the conversion it would read 30 times faster. The same for the first token's wait.
+    assert 0.5 / 0.3 <= result["code"]["mean_tps"] <= 1.03 / 0.3
+    assert 3.0 - 0.6 <= result["code"]["ttft_s"] <= 3 * 3.0
 
 
 @pytest.mark.parametrize("style", ["nospace", "crlf", "split", "nodone"])

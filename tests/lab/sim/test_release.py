@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +23,7 @@ from lab.sim.engine import EngineProcess
 from lab.sim.lab import SimLab
 from lab.sim.release import Release
 from lab.sim.scenario import ScenarioError, load_scenario, parse_scenario
+from tests.lab.agent.conftest import wait_until
 
 from .conftest import out_of_box, stop_all, wait_exit, wait_ready
 
@@ -261,11 +261,9 @@ def test_the_kv_budget_is_checked_by_the_heads_engine_core_only(sim_lab: SimLab)
     assert avail < refusal and "EngineCore failed to start." in text
     # Each worker profiled its memory and said so; the check (check_enough_kv_cache_memory)
     # is the head's: a --headless node waits for the head's next call.
-    for w in workers:  # at the same lab second as the head's refusal: let each get there
-        deadline = time.monotonic() + 20
-        while "wait_head" not in [p.name for p in w.phases] and time.monotonic() < deadline:
-            time.sleep(0.05)
-    assert workers and all(w.running and w.phases[-1].name == "wait_head" for w in workers)
+    # At the same lab second as the head's refusal: let each worker get there.
+    assert workers and all(wait_until(lambda w=w: w.phases[-1].name == "wait_head", 20) for w in workers)
+    assert all(w.running for w in workers)
     assert all("Available KV cache memory" in log_of(w) and "To serve at least one request" not in log_of(w)
                for w in workers)
 

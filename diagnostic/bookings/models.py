@@ -21,6 +21,7 @@ from django.db.models import Q
 from django.dispatch import Signal
 from django.utils import timezone
 
+from diagnostic.lifecycle import JobState
 from lab.inventory import Inventory
 
 # Sent inside cancel_booking's transaction, before the booking is marked cancelled, with
@@ -306,7 +307,8 @@ def started_jobs(booking: Booking) -> models.QuerySet[Any]:
     """The booking's diagnostics that have begun or ended (not cancelled). A job confirmed
     ahead of the day waits queued, never started, and does not pin the booking: it moves
     with it, or is cancelled with it."""
-    return booking.jobs.exclude(status="cancelled").filter(~Q(status="queued") | Q(started_at__isnull=False))
+    return booking.jobs.exclude(status=JobState.CANCELLED).filter(
+        ~Q(status=JobState.QUEUED) | Q(started_at__isnull=False))
 
 
 # -- what a customer may book: the calendar's days, a few at a time ---------------------

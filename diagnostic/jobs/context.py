@@ -115,9 +115,9 @@ class StageContext:
         return apply_changes(self.customer_config, changes, catalog=self.catalog)
 
     def earlier_changes(self) -> list[dict[str, Any]]:
-        """The proved configuration changes of the stages before this one that succeeded."""
+        """The proved configuration changes of the stages before this one that did their work."""
         rows = StageRun.objects.filter(
-            job=self.job, order__lt=self.stage.order, status=StageRun.Status.SUCCEEDED
+            job=self.job, order__lt=self.stage.order, status__in=StageRun.WITH_RESULT
         ).order_by("order").values_list("result", flat=True)
         changes: list[dict[str, Any]] = []
         for result in rows:
@@ -152,9 +152,10 @@ class StageContext:
         return self.access.session()
 
     def earlier_result(self, stage_name: str) -> dict[str, Any] | None:
-        """The result of an earlier stage of this job that succeeded, if any."""
+        """The result of an earlier stage of this job that did its work (succeeded, or stopped
+        the job saying why), if any."""
         row = (
-            StageRun.objects.filter(job=self.job, name=stage_name, status=StageRun.Status.SUCCEEDED)
+            StageRun.objects.filter(job=self.job, name=stage_name, status__in=StageRun.WITH_RESULT)
             .values_list("result", flat=True)
             .first()
         )

@@ -49,7 +49,7 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
     stages = list(job.stage_runs.order_by("order"))
     sections: dict[str, Any] = dict.fromkeys(SECTIONS)
     for stage in stages:
-        if stage.status != StageRun.Status.SUCCEEDED or not isinstance(stage.result, dict):
+        if stage.status not in StageRun.WITH_RESULT or not isinstance(stage.result, dict):
             continue
         produced = stage.result.get("sections") or {}
         for name in SECTIONS:
@@ -65,7 +65,7 @@ def build_findings(job: DiagnosticJob) -> dict[str, Any]:
                     if isinstance(later, dict) else later
     # Preflight notes the lab's time dilation; the report stage decides the money-back flag.
     done = {s.name: s.result for s in stages
-            if s.status == StageRun.Status.SUCCEEDED and isinstance(s.result, dict)}
+            if s.status in StageRun.WITH_RESULT and isinstance(s.result, dict)}
     report = done.get("report", {})
     dilation = done.get("preflight", {}).get("lab_dilation")
     if job.started_at is None:

@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from diagnostic import lifecycle
 from diagnostic.bookings.models import Lab
 from diagnostic.jobs.models import DiagnosticJob, LabLease, StageRun
 
@@ -41,9 +42,8 @@ def claim_stage(stage_id: int, *, owner: str, lease_s: float, max_attempts: int)
     `max_attempts` times is quarantined instead."""
     now = timezone.now()
     claimed = (
-        StageRun.objects.filter(_claimable(now), pk=stage_id, attempts__lt=max_attempts)
-        .update(
-            status=Status.RUNNING,
+        lifecycle.CLAIM.apply(
+            StageRun.objects.filter(_claimable(now), pk=stage_id, attempts__lt=max_attempts),
             lease_owner=owner,
             lease_expires_at=now + timedelta(seconds=lease_s),
             attempts=F("attempts") + 1,
@@ -74,8 +74,8 @@ def quarantine_stage(stage_id: int, *, max_attempts: int, now: datetime | None =
         f"quarantined after {stage.attempts} attempts (limit {max_attempts}); not retried again. "
         f"Last error: {last}"
     )
-    changed = StageRun.objects.filter(_claimable(now), pk=stage_id, attempts__gte=max_attempts).update(
-        status=Status.QUARANTINED,
+    changed = lifecycle.QUARANTINE.apply(
+        StageRun.objects.filter(_claimable(now), pk=stage_id, attempts__gte=max_attempts),
         status_message=message,
         lease_owner="",
         lease_expires_at=None,
@@ -96,8 +96,8 @@ def renew_stage_lease(stage_id: int, *, owner: str, lease_s: float) -> bool:
 
 def release_stage(stage_id: int, *, owner: str, error: str) -> bool:
     """Give a running stage back (pending) after a transient failure, keeping the error."""
-    changed = StageRun.objects.filter(pk=stage_id, status=Status.RUNNING, lease_owner=owner).update(
-        status=Status.PENDING,
+    changed = lifecycle.RELEASE.apply(
+        StageRun.objects.filter(pk=stage_id, lease_owner=owner),
         lease_owner="",
         lease_expires_at=None,
         last_error=error,
@@ -107,11 +107,11 @@ def release_stage(stage_id: int, *, owner: str, error: str) -> bool:
 
 
 def end_stage(
-    stage_id: int, *, owner: str, status: str, message: str = "", error: str | None = None
+    stage_id: int, *, owner: str, end: lifecycle.Transition, message: str = "", error: str | None = None
 ) -> bool:
-    """Move a stage `owner` runs to a final status other than succeeded."""
+    """End a stage `owner` runs by `end` (failed, quarantined or cancelled: success and a
+    stop carry the stage's result, orchestration._complete)."""
     fields: dict[str, object] = {
-        "status": status,
         "status_message": message,
         "lease_owner": "",
         "lease_expires_at": None,
@@ -119,9 +119,7 @@ def end_stage(
     }
     if error is not None:
         fields["last_error"] = error
-    changed = StageRun.objects.filter(pk=stage_id, status=Status.RUNNING, lease_owner=owner).update(
-        **fields
-    )
+    changed = end.apply(StageRun.objects.filter(pk=stage_id, lease_owner=owner), **fields)
     return changed == 1
 
 
@@ -138,10 +136,8 @@ def reap_expired_stage_leases(*, max_attempts: int) -> list[str]:
             quarantine_stage(stage_id, max_attempts=max_attempts, now=now)
             jobs.add(str(job_id))
             continue
-        changed = StageRun.objects.filter(
-            pk=stage_id, status=Status.RUNNING, lease_expires_at__lt=now
-        ).update(
-            status=Status.PENDING,
+        changed = lifecycle.RELEASE.apply(
+            StageRun.objects.filter(pk=stage_id, lease_expires_at__lt=now),
             lease_owner="",
             lease_expires_at=None,
             last_error="the worker running it stopped before finishing (lease expired)",

@@ -28,7 +28,9 @@ from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from diagnostic import lifecycle
 from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab, Organisation, OrganisationScoped
+from diagnostic.lifecycle import JOB_ENDED, STAGE_ENDED, STAGE_WITH_RESULT, JobState, StageState
 
 
 class JobQuerySet(OrganisationScoped):
@@ -60,17 +62,7 @@ class JobQuerySet(OrganisationScoped):
 
 
 class DiagnosticJob(models.Model):
-    class Status(models.TextChoices):
-        QUEUED = "queued", "queued"
-        RUNNING = "running", "running"
-        SUCCEEDED = "succeeded", "succeeded"
-        # Finished, but a pipeline stage failed or was quarantined; its section is null.
-        PARTIAL = "partial", "partial"
-        FAILED = "failed", "failed"
-        CANCELLED = "cancelled", "cancelled"
-        # Stopped by a fault of the lab or of the platform, not of the customer's
-        # configuration: waits for staff to re-run it (same day or another), at no cost.
-        HELD = "held", "held for a lab fault"
+    Status = JobState
 
     class Side(models.TextChoices):
         """Whose a stop is: the customer's configuration, or the firm's (the lab, the
@@ -80,7 +72,7 @@ class DiagnosticJob(models.Model):
         LAB = "lab", "the lab"
         PLATFORM = "platform", "the platform"
 
-    TERMINAL = frozenset({Status.SUCCEEDED, Status.PARTIAL, Status.FAILED, Status.CANCELLED})
+    TERMINAL = JOB_ENDED
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organisation = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="jobs")
@@ -206,15 +198,10 @@ class DiagnosticJob(models.Model):
 
 
 class StageRun(models.Model):
-    class Status(models.TextChoices):
-        PENDING = "pending", "pending"
-        RUNNING = "running", "running"
-        SUCCEEDED = "succeeded", "succeeded"
-        FAILED = "failed", "failed"
-        QUARANTINED = "quarantined", "quarantined"
-        CANCELLED = "cancelled", "cancelled"
+    Status = StageState
 
-    DONE = frozenset({Status.SUCCEEDED, Status.FAILED, Status.QUARANTINED, Status.CANCELLED})
+    DONE = STAGE_ENDED
+    WITH_RESULT = STAGE_WITH_RESULT
 
     job = models.ForeignKey(DiagnosticJob, on_delete=models.CASCADE, related_name="stage_runs")
     name = models.CharField(max_length=40)
@@ -515,13 +502,10 @@ def cancel_waiting_jobs(booking: Booking, *, reason: str, now: dt.datetime | Non
     if only is not None:
         waiting = waiting.filter(pk=only)
     ids = list(waiting.values_list("pk", flat=True))
-    StageRun.objects.filter(job_id__in=ids, status=StageRun.Status.PENDING).update(
-        status=StageRun.Status.CANCELLED, status_message=f"not run: {reason}", finished_at=moment
-    )
-    return waiting.filter(pk__in=ids).update(
-        status=DiagnosticJob.Status.CANCELLED, status_message=reason, cancel_requested=True,
-        finished_at=moment,
-    )
+    lifecycle.CANCEL.apply(StageRun.objects.filter(job_id__in=ids, status=StageRun.Status.PENDING),
+                           status_message=f"not run: {reason}", finished_at=moment)
+    return lifecycle.CANCEL_WAITING.apply(waiting.filter(pk__in=ids), status_message=reason,
+                                          cancel_requested=True, finished_at=moment)
 
 
 def booking_cancelling_receiver(sender: Any, *, booking: Booking, reason: str, now: dt.datetime,

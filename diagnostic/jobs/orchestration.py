@@ -14,9 +14,10 @@ Guarantees: a stage that succeeded never runs again; a retried stage starts from
 beginning (its findings are saved only with its success); a stage that used up its
 attempts is quarantined with a message saying so; a cancel request is honoured between
 stages and, through the heartbeat, during one. A stage that stops the job (StopJob: the
-lab cannot run the configuration) succeeds with the reason in its result; the stages after
-it are skipped ("not run: <reason>") except the report, which still says what stopped the
-job and whether the engagement is free; the job then ends failed with that reason.
+lab cannot run the configuration) ends "stopped" with the reason in its result; the stages
+after it are skipped ("not run: <reason>") except the report, which still says what stopped the
+job and whether the engagement is free; the job then ends failed with that reason. Every
+change of a job's or a stage's state is a named transition of diagnostic/lifecycle.py.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
+from diagnostic import lifecycle
 from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab
 from diagnostic.jobs import leases
 from diagnostic.jobs.context import StageCancelled, StageContext, StopJob
@@ -231,6 +233,38 @@ def orchestrate(
         # A message that outlived its job (deleted, or a database restored from backup).
         log.warning("no such job; message dropped", extra={"job": job_id})
         return Outcome(Next.FINISHED, message=f"no job {job_id}")
+    early = _before_the_stages(job, session_factory, owner, time_limit)
+    if early is not None:
+        return early
+    access = LabAccess(session_factory, job.lab, owner=job_owner(str(job.pk)),
+                       on_open=lambda session: _sweep(job, session))
+    ran = 0
+    try:
+        for stage in list(job.stage_runs.order_by("order")):
+            stage.refresh_from_db()
+            if stage.is_done:
+                continue
+            if DiagnosticJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+                return _cancel(job, access)
+            if max_stages is not None and ran >= max_stages:
+                return Outcome(Next.MORE)
+            if time_limit is not None and time_limit.reached:
+                return _stop(job, JobStatus.FAILED, time_limit.reason(f"before {stage.name} started"),
+                             access=access)
+            outcome, ran_it = _take_stage(job, stage, owner, access, time_limit)
+            ran += ran_it
+            if outcome is not None:
+                return outcome
+        return _finish(job, access)
+    finally:
+        access.close()
+
+
+def _before_the_stages(
+    job: DiagnosticJob, session_factory: SessionFactory, owner: str, time_limit: TimeLimit | None
+) -> Outcome | None:
+    """What ends the pass before any stage: the job ended, held or cancelled, out of time,
+    or its lab held by another job. Otherwise the job starts (once) and None is returned."""
     if job.is_terminal:
         return Outcome(Next.FINISHED, message=f"job already {job.status}")
     if job.is_held:
@@ -253,77 +287,97 @@ def orchestrate(
             countdown=float(settings.DIAG_LAB_BUSY_RETRY_S),
             message=f"lab {job.lab.name} is held by job {holder}",
         )
-    now = timezone.now()
-    if DiagnosticJob.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
-        status=JobStatus.RUNNING, started_at=now
-    ):
+    if lifecycle.START.apply(DiagnosticJob.objects.filter(pk=job.pk), started_at=timezone.now()):
         log.info("job started", extra={"job": str(job.pk), "lab": job.lab.name, "owner": owner})
     job.refresh_from_db()
+    return None
 
-    access = LabAccess(session_factory, job.lab, owner=job_owner(str(job.pk)),
-                       on_open=lambda session: _sweep(job, session))
-    ran = 0
+
+def _take_stage(
+    job: DiagnosticJob, stage: StageRun, owner: str, access: LabAccess, time_limit: TimeLimit | None
+) -> tuple[Outcome | None, int]:
+    """Claim and run one pending stage (or skip it after a stop). Returns how the pass ends
+    because of it (None: go on to the next stage) and whether it ran (1) or not (0)."""
+    spec = lookup(stage.name)
+    stopped = _stop_reason(job)
+    if stopped is not None and not (spec is not None and spec.after_stop):
+        _skip(stage, stopped)
+        return None, 0
+    claim = leases.claim_stage(
+        stage.pk, owner=owner, lease_s=settings.DIAG_STAGE_LEASE_S,
+        max_attempts=settings.DIAG_MAX_STAGE_ATTEMPTS,
+    )
+    stage.refresh_from_db()
+    if claim is Claim.UNAVAILABLE:
+        if stage.is_done:
+            return None, 0
+        return Outcome(Next.ELSEWHERE, message=f"stage {stage.name} is held by {stage.lease_owner}"), 0
+    if claim is Claim.QUARANTINED:
+        log.warning("stage quarantined", extra={"job": str(job.pk), "stage": stage.name})
+        if spec is None or spec.required:
+            return _stop(job, JobStatus.FAILED, f"{stage.name}: {stage.status_message}", access=access), 0
+        return None, 0
+    end = _run_claimed(job, stage, spec, owner, access, time_limit)
+    return _after_stage(job, stage, spec, owner, access, end), 1
+
+
+def _after_stage(
+    job: DiagnosticJob, stage: StageRun, spec: Stage | None, owner: str, access: LabAccess, end: StageEnd
+) -> Outcome | None:
+    """How the pass goes on after a stage ended by `end` (None: with the next stage)."""
+    if end.verdict is Verdict.SUCCEEDED:
+        return None
+    if end.verdict is Verdict.LEASE_LOST:
+        return Outcome(Next.ELSEWHERE, message=end.message)
+    if end.verdict is Verdict.STOP_JOB:
+        # The stages after it are skipped as the loop reaches them (the stop is read back
+        # from the database, so a worker taking over later does the same), except those
+        # that run after a stop: the report.
+        return None
+    if end.verdict is Verdict.CANCELLED:
+        return _cancel(job, access)
+    if end.verdict is Verdict.TIMED_OUT:
+        return _stop(job, JobStatus.FAILED, end.message, access=access)
+    if end.verdict is Verdict.HELD:
+        return _hold(job, stage, end, access)
+    if end.verdict is Verdict.TRANSIENT:
+        countdown = retry_countdown(stage.attempts)
+        # The job keeps the lab while it waits to retry, and the reaper leaves it be.
+        leases.renew_lab(job, owner=owner, lease_s=countdown + settings.DIAG_LAB_LEASE_S)
+        return Outcome(Next.RETRY, countdown=countdown, message=end.message)
+    # FAILED, or a transient error on the last attempt (quarantined).
+    if spec is None or spec.required:
+        return _stop(job, JobStatus.FAILED, f"{stage.name}: {end.message}", access=access,
+                     side=end.fault.get("side") if end.fault else None)
+    return None
+
+
+@dataclass
+class _Ran:
+    """How a stage's code returned: its verdict, message and result, and the fault that
+    ended it, classified."""
+
+    verdict: Verdict = Verdict.SUCCEEDED
+    message: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+    fault: Fault | None = None
+    failure: BaseException | None = None
+    stop_side: str = ""
+
+
+def _call(spec: Stage, ctx: StageContext) -> _Ran:
     try:
-        for stage in list(job.stage_runs.order_by("order")):
-            stage.refresh_from_db()
-            if stage.is_done:
-                continue
-            if DiagnosticJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
-                return _cancel(job, access)
-            if max_stages is not None and ran >= max_stages:
-                return Outcome(Next.MORE)
-            if time_limit is not None and time_limit.reached:
-                return _stop(job, JobStatus.FAILED, time_limit.reason(f"before {stage.name} started"),
-                             access=access)
-            spec = lookup(stage.name)
-            stopped = _stop_reason(job)
-            if stopped is not None and not (spec is not None and spec.after_stop):
-                _skip(stage, stopped)
-                continue
-            claim = leases.claim_stage(
-                stage.pk, owner=owner, lease_s=settings.DIAG_STAGE_LEASE_S,
-                max_attempts=settings.DIAG_MAX_STAGE_ATTEMPTS,
-            )
-            stage.refresh_from_db()
-            if claim is Claim.UNAVAILABLE:
-                if stage.is_done:
-                    continue
-                return Outcome(Next.ELSEWHERE, message=f"stage {stage.name} is held by {stage.lease_owner}")
-            if claim is Claim.QUARANTINED:
-                log.warning("stage quarantined", extra={"job": str(job.pk), "stage": stage.name})
-                if spec is None or spec.required:
-                    return _stop(job, JobStatus.FAILED, f"{stage.name}: {stage.status_message}",
-                                 access=access)
-                continue
-            ran += 1
-            end = _run_claimed(job, stage, spec, owner, access, time_limit)
-            if end.verdict is Verdict.SUCCEEDED:
-                continue
-            if end.verdict is Verdict.LEASE_LOST:
-                return Outcome(Next.ELSEWHERE, message=end.message)
-            if end.verdict is Verdict.STOP_JOB:
-                # The stages after it are skipped as the loop reaches them (the stop is read
-                # back from the database, so a worker taking over later does the same), except
-                # those that run after a stop: the report.
-                continue
-            if end.verdict is Verdict.CANCELLED:
-                return _cancel(job, access)
-            if end.verdict is Verdict.TIMED_OUT:
-                return _stop(job, JobStatus.FAILED, end.message, access=access)
-            if end.verdict is Verdict.HELD:
-                return _hold(job, stage, end, access)
-            if end.verdict is Verdict.TRANSIENT:
-                countdown = retry_countdown(stage.attempts)
-                # The job keeps the lab while it waits to retry, and the reaper leaves it be.
-                leases.renew_lab(job, owner=owner, lease_s=countdown + settings.DIAG_LAB_LEASE_S)
-                return Outcome(Next.RETRY, countdown=countdown, message=end.message)
-            # FAILED, or a transient error on the last attempt (quarantined).
-            if spec is None or spec.required:
-                return _stop(job, JobStatus.FAILED, f"{stage.name}: {end.message}", access=access,
-                             side=end.fault.get("side") if end.fault else None)
-        return _finish(job, access)
-    finally:
-        access.close()
+        return _Ran(result=spec.run(ctx))
+    except StopJob as stop:
+        return _Ran(Verdict.STOP_JOB, stop.reason, stop.result, stop_side=stop.side)
+    except StageCancelled as exc:
+        return _Ran(Verdict.CANCELLED, str(exc))
+    except Exception as exc:
+        fault = classify(exc)
+        message = f"{fault.kind}: {fault.reason}" if fault.kind != "error" else fault.reason
+        ctx.attach("error", traceback.format_exc())
+        verdict = Verdict.TRANSIENT if fault.transient else Verdict.FAILED
+        return _Ran(verdict, message, fault=fault, failure=exc)
 
 
 def _run_claimed(
@@ -339,7 +393,7 @@ def _run_claimed(
             f"no stage named {stage.name!r} is registered in this worker; "
             "deploy the same code to every worker"
         )
-        leases.end_stage(stage.pk, owner=owner, status=StageStatus.FAILED, message=message, error=message)
+        leases.end_stage(stage.pk, owner=owner, end=lifecycle.FAIL, message=message, error=message)
         return StageEnd(Verdict.FAILED, message)
 
     ctx = StageContext(
@@ -350,28 +404,11 @@ def _run_claimed(
     log.info("stage started", extra=log_extra)
     ctx.log(f"attempt {stage.attempts} of {settings.DIAG_MAX_STAGE_ATTEMPTS} by {owner}")
     wall_start = time.monotonic()
-    result: dict[str, Any] = {}
-    verdict = Verdict.SUCCEEDED
-    message = ""
-    fault: Fault | None = None
-    failure: BaseException | None = None
-    stop_side = ""
     timed_out = threading.Event()
     watchdog = _watchdog(time_limit, ctx.cancel_event, timed_out)
     with Heartbeat(stage_id=stage.pk, job_id=str(job.pk), owner=owner, cancel=ctx.cancel_event) as beat:
         try:
-            result = spec.run(ctx)
-        except StopJob as stop:
-            verdict, message, result = Verdict.STOP_JOB, stop.reason, stop.result
-            stop_side = stop.side
-        except StageCancelled as exc:
-            verdict, message = Verdict.CANCELLED, str(exc)
-        except Exception as exc:
-            fault = classify(exc)
-            failure = exc
-            message = f"{fault.kind}: {fault.reason}" if fault.kind != "error" else fault.reason
-            verdict = Verdict.TRANSIENT if fault.transient else Verdict.FAILED
-            ctx.attach("error", traceback.format_exc())
+            ran = _call(spec, ctx)
         finally:
             if watchdog is not None:
                 watchdog.cancel()
@@ -379,64 +416,72 @@ def _run_claimed(
     if beat.lost.is_set():
         log.warning("stage lease was lost while running; result discarded", extra=log_extra)
         return StageEnd(Verdict.LEASE_LOST, f"lease of {stage.name} was taken over")
-    if timed_out.is_set() and time_limit is not None and verdict is not Verdict.SUCCEEDED:
+    if timed_out.is_set() and time_limit is not None and ran.verdict is not Verdict.SUCCEEDED:
         message = time_limit.reason(f"during {stage.name}; the stage was stopped")
         through_outage(lambda: StageRun.objects.filter(pk=stage.pk, lease_owner=owner).update(
             log=ctx.log_text, lab_seconds=lab_seconds), "stage log")
         through_outage(lambda: leases.end_stage(
-            stage.pk, owner=owner, status=StageStatus.FAILED, message=message, error=message), "stage end")
+            stage.pk, owner=owner, end=lifecycle.FAIL, message=message, error=message), "stage end")
         return StageEnd(Verdict.TIMED_OUT, message)
-    if verdict is Verdict.CANCELLED and not through_outage(lambda: _cancel_requested(job), "cancel check"):
-        verdict = Verdict.FAILED  # a stage raising StageCancelled on its own is a bug
+    if ran.verdict is Verdict.CANCELLED and not through_outage(lambda: _cancel_requested(job),
+                                                               "cancel check"):
+        ran.verdict = Verdict.FAILED  # a stage raising StageCancelled on its own is a bug
 
-    if verdict is Verdict.STOP_JOB:
-        result = {**result, STOPPED_JOB: message, STOP_SIDE: stop_side}
-    if verdict in (Verdict.SUCCEEDED, Verdict.STOP_JOB):
-        if not through_outage(lambda: _complete(ctx, result, lab_seconds, message), "stage completion"):
+    if ran.verdict in (Verdict.SUCCEEDED, Verdict.STOP_JOB):
+        result = ran.result
+        if ran.verdict is Verdict.STOP_JOB:
+            result = {**result, STOPPED_JOB: ran.message, STOP_SIDE: ran.stop_side}
+        end = lifecycle.STOP_JOB if ran.verdict is Verdict.STOP_JOB else lifecycle.SUCCEED
+        completed = through_outage(lambda: _complete(ctx, end, result, lab_seconds, ran.message),
+                                   "stage completion")
+        if not completed:
             return StageEnd(Verdict.LEASE_LOST, f"lease of {stage.name} was taken over")
         log.info("stage succeeded", extra={**log_extra, "lab_seconds": round(lab_seconds, 3)})
-        return StageEnd(verdict, message)
-
+        return StageEnd(ran.verdict, ran.message)
     through_outage(lambda: StageRun.objects.filter(pk=stage.pk, lease_owner=owner).update(
         log=ctx.log_text, lab_seconds=lab_seconds), "stage log")
+    return _end_unfinished(stage, owner, ran, log_extra)
+
+
+def _end_unfinished(stage: StageRun, owner: str, ran: _Ran, log_extra: dict[str, Any]) -> StageEnd:
+    """Record a stage that did not finish its work: held for a lab fault, cancelled, given
+    back to retry a transient fault, quarantined on its last attempt, or failed."""
+    message, fault = ran.message, ran.fault
     last = stage.attempts >= settings.DIAG_MAX_STAGE_ATTEMPTS
-    if fault is not None and failure is not None and fault.holds_the_day and (
-            verdict is Verdict.FAILED or last):
+    if fault is not None and ran.failure is not None and fault.holds_the_day and (
+            ran.verdict is Verdict.FAILED or last):
         # The lab's fault, not the configuration's: the stage waits, pending, for staff to
         # re-run the day; the job is held (orchestrate) rather than failed.
-        details = lab_fault_details(failure, fault, stage.name)
+        details = lab_fault_details(ran.failure, fault, stage.name)
         held = f"held: {details['summary']}"
-        through_outage(lambda: StageRun.objects.filter(pk=stage.pk, lease_owner=owner).update(
-            status=StageStatus.PENDING, status_message=held, last_error=message, lease_owner="",
-            lease_expires_at=None), "stage hold")
+        through_outage(lambda: lifecycle.RELEASE.apply(
+            StageRun.objects.filter(pk=stage.pk, lease_owner=owner), status_message=held,
+            last_error=message, lease_owner="", lease_expires_at=None), "stage hold")
         log.error("stage stopped by a lab fault; the job is held", extra={**log_extra, "error": message})
         return StageEnd(Verdict.HELD, message, fault=details)
-    if fault is not None:
-        side = fault.side
-    else:
-        side = None
-    if verdict is Verdict.CANCELLED:
-        through_outage(lambda: leases.end_stage(stage.pk, owner=owner, status=StageStatus.CANCELLED,
+    side = fault.side if fault is not None else None
+    if ran.verdict is Verdict.CANCELLED:
+        through_outage(lambda: leases.end_stage(stage.pk, owner=owner, end=lifecycle.CANCEL,
                                                 message="cancelled while running"), "stage end")
-        return StageEnd(verdict, message)
-    if verdict is Verdict.TRANSIENT and stage.attempts < settings.DIAG_MAX_STAGE_ATTEMPTS:
+        return StageEnd(ran.verdict, message)
+    if ran.verdict is Verdict.TRANSIENT and not last:
         countdown = retry_countdown(stage.attempts)
         through_outage(lambda: leases.release_stage(
             stage.pk, owner=owner, error=f"attempt {stage.attempts}: {message}"), "stage release")
         log.warning("stage hit a transient fault; will retry",
                     extra={**log_extra, "error": message, "countdown_s": countdown})
-        return StageEnd(verdict, message)
-    if verdict is Verdict.TRANSIENT:
+        return StageEnd(ran.verdict, message)
+    if ran.verdict is Verdict.TRANSIENT:
         quarantine = (
             f"quarantined after {stage.attempts} attempts (limit {settings.DIAG_MAX_STAGE_ATTEMPTS}); "
             f"not retried again. Last error: {message}"
         )
-        through_outage(lambda: leases.end_stage(stage.pk, owner=owner, status=StageStatus.QUARANTINED,
+        through_outage(lambda: leases.end_stage(stage.pk, owner=owner, end=lifecycle.QUARANTINE,
                                                 message=quarantine, error=message), "stage end")
         log.error("stage quarantined", extra={**log_extra, "error": message})
         return StageEnd(Verdict.FAILED, quarantine, fault={"side": side} if side else None)
     through_outage(lambda: leases.end_stage(
-        stage.pk, owner=owner, status=StageStatus.FAILED, message=message, error=message), "stage end")
+        stage.pk, owner=owner, end=lifecycle.FAIL, message=message, error=message), "stage end")
     log.error("stage failed", extra={**log_extra, "error": message})
     return StageEnd(Verdict.FAILED, message, fault={"side": side} if side else None)
 
@@ -460,15 +505,14 @@ def _watchdog(
     return timer
 
 
-def _complete(ctx: StageContext, result: dict[str, Any], lab_seconds: float, message: str) -> bool:
-    """Mark the stage succeeded and save its findings and measurements, all or nothing,
-    provided this worker still holds its lease."""
+def _complete(ctx: StageContext, end: lifecycle.Transition, result: dict[str, Any], lab_seconds: float,
+              message: str) -> bool:
+    """End the stage by `end` (succeeded, or stopped the job) and save its result, findings
+    and measurements, all or nothing, provided this worker still holds its lease."""
     stage = ctx.stage
     with transaction.atomic():
-        changed = StageRun.objects.filter(
-            pk=stage.pk, status=StageStatus.RUNNING, lease_owner=ctx.owner
-        ).update(
-            status=StageStatus.SUCCEEDED,
+        changed = end.apply(
+            StageRun.objects.filter(pk=stage.pk, lease_owner=ctx.owner),
             status_message=message,
             result=result,
             log=ctx.log_text,
@@ -483,7 +527,7 @@ def _complete(ctx: StageContext, result: dict[str, Any], lab_seconds: float, mes
             # landed. Succeeded at this very attempt means it did (a takeover would have
             # counted another attempt).
             return StageRun.objects.filter(
-                pk=stage.pk, status=StageStatus.SUCCEEDED, attempts=stage.attempts
+                pk=stage.pk, status=end.target, attempts=stage.attempts
             ).exists()
         Finding.objects.bulk_create(
             Finding(job=ctx.job, stage=stage, code=f.code, title=f.title, blocking=f.blocking,
@@ -515,8 +559,8 @@ def _cancel(job: DiagnosticJob, access: LabAccess | None = None) -> Outcome:
 def _stop(job: DiagnosticJob, status: str, reason: str, *, access: LabAccess | None = None,
           side: str | None = None) -> Outcome:
     """End the job early: stages not run are cancelled, saying why."""
-    job.stage_runs.filter(status__in=[StageStatus.PENDING, StageStatus.RUNNING]).update(
-        status=StageStatus.CANCELLED,
+    lifecycle.CANCEL.apply(
+        job.stage_runs.all(),
         status_message=f"not run: {reason}",
         lease_owner="",
         lease_expires_at=None,
@@ -526,7 +570,7 @@ def _stop(job: DiagnosticJob, status: str, reason: str, *, access: LabAccess | N
 
 def _stop_result(job: DiagnosticJob) -> dict[str, Any] | None:
     """The result of the stage that stopped the job, when one did."""
-    for result in job.stage_runs.filter(status=StageStatus.SUCCEEDED).values_list("result", flat=True):
+    for result in job.stage_runs.filter(status=StageStatus.STOPPED).values_list("result", flat=True):
         if isinstance(result, dict) and result.get(STOPPED_JOB):
             return result
     return None
@@ -539,8 +583,8 @@ def _stop_reason(job: DiagnosticJob) -> str | None:
 
 
 def _skip(stage: StageRun, reason: str) -> None:
-    StageRun.objects.filter(pk=stage.pk, status__in=[StageStatus.PENDING, StageStatus.RUNNING]).update(
-        status=StageStatus.CANCELLED,
+    lifecycle.CANCEL.apply(
+        StageRun.objects.filter(pk=stage.pk),
         status_message=f"not run: {reason}",
         lease_owner="",
         lease_expires_at=None,
@@ -569,11 +613,9 @@ def _end_job(job: DiagnosticJob, status: str, message: str, *, access: LabAccess
     now = timezone.now()
     # The final status and the findings document that reports it appear together.
     with transaction.atomic():
-        changed = (
-            DiagnosticJob.objects.filter(pk=job.pk)
-            .exclude(status__in=DiagnosticJob.TERMINAL)
-            .update(status=status, status_message=message, finished_at=now, stop_side=side or "")
-        )
+        changed = lifecycle.END[status].apply(
+            DiagnosticJob.objects.filter(pk=job.pk),
+            status_message=message, finished_at=now, stop_side=side or "")
         job.refresh_from_db()
         if changed:
             job.findings = build_findings(job)
@@ -683,9 +725,8 @@ def _hold(job: DiagnosticJob, stage: StageRun, end: StageEnd, access: LabAccess)
     details["at"] = now.isoformat()
     summary = str(details.get("summary") or end.message)
     with transaction.atomic():
-        changed = DiagnosticJob.objects.filter(pk=job.pk).exclude(
-            status__in=DiagnosticJob.TERMINAL).update(
-            status=JobStatus.HELD, status_message=f"held for a lab fault: {summary}",
+        changed = lifecycle.HOLD.apply(
+            DiagnosticJob.objects.filter(pk=job.pk), status_message=f"held for a lab fault: {summary}",
             stop_side=DiagnosticJob.Side.LAB, fault=details)
         DiagnosticJob.objects.filter(pk=job.pk, first_fault_at__isnull=True).update(first_fault_at=now)
         if changed:

@@ -40,7 +40,7 @@ CACHE_DIR = "/var/cache/diag"
 def proved_changes(job: DiagnosticJob) -> list[dict[str, Any]]:
     """Every succeeded stage's config_changes, in stage order, each tagged with its stage."""
     changes: list[dict[str, Any]] = []
-    rows = job.stage_runs.filter(status=StageRun.Status.SUCCEEDED).order_by("order")
+    rows = job.stage_runs.filter(status__in=StageRun.WITH_RESULT).order_by("order")
     for stage in rows:
         result = stage.result if isinstance(stage.result, dict) else {}
         for item in result.get("config_changes") or []:

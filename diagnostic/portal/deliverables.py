@@ -47,7 +47,7 @@ def report_file(version: ReportVersion) -> Path | None:
 
 def proved_changes(job: DiagnosticJob) -> list[dict[str, Any]]:
     rows = (
-        job.stage_runs.filter(status=StageRun.Status.SUCCEEDED)
+        job.stage_runs.filter(status__in=StageRun.WITH_RESULT)
         .order_by("order")
         .values_list("result", flat=True)
     )

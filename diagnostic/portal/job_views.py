@@ -18,11 +18,12 @@ from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.portal.deliverables import approved_versions, report_file, results, tuned_files
 from diagnostic.portal.scoping import customer_required, get_job_for_customer
 
-STOPPED = (StageRun.Status.FAILED, StageRun.Status.QUARANTINED)
+STOPPED = (StageRun.Status.STOPPED, StageRun.Status.FAILED, StageRun.Status.QUARANTINED)
 STAGE_WORDS = {
     "pending": "waiting",
     "running": "running",
     "succeeded": "done",
+    "stopped": "stopped the day",
     "failed": "failed",
     "quarantined": "stopped",
     "cancelled": "cancelled",

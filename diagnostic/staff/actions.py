@@ -13,16 +13,19 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from diagnostic import lifecycle
 from diagnostic.bookings.models import Booking, LabDay
 from diagnostic.jobs.models import DiagnosticJob, Finding, JobEvent, Measurement, StageRun
-from diagnostic.jobs.orchestration import STOPPED_JOB, end_held
+from diagnostic.jobs.orchestration import end_held
 from diagnostic.portal.jobrun import start_job
 
-RETRYABLE = (StageRun.Status.FAILED, StageRun.Status.QUARANTINED)
+# A stage that stopped the job (preflight or reproduce said the day cannot go on) may be
+# retried once its cause is mended.
+RETRYABLE = (StageRun.Status.FAILED, StageRun.Status.QUARANTINED, StageRun.Status.STOPPED)
 # How far ahead a held day may be moved: the calendar's window.
 MOVE_WINDOW_DAYS = 56
-RESET = {"status": StageRun.Status.PENDING, "status_message": "", "attempts": 0, "lease_owner": "",
-         "lease_expires_at": None, "progress_percent": 0, "progress_message": "", "finished_at": None}
+RESET = {"status_message": "", "attempts": 0, "lease_owner": "", "lease_expires_at": None,
+         "progress_percent": 0, "progress_message": "", "finished_at": None}
 
 
 class ActionRefused(ValueError):
@@ -38,23 +41,14 @@ def cancel_job(job: DiagnosticJob) -> str:
     return "Cancel requested: the running stage stops at its next check and the job ends cancelled."
 
 
-def stopped_the_job(stage: StageRun) -> bool:
-    """A stage that succeeded by stopping the job (preflight or reproduce said the day
-    cannot go on): it may be retried once its cause is mended."""
-    return (stage.status == StageRun.Status.SUCCEEDED and isinstance(stage.result, dict)
-            and bool(stage.result.get(STOPPED_JOB)))
-
-
 def retryable(stage: StageRun) -> bool:
-    return stage.status in RETRYABLE or stopped_the_job(stage)
+    return stage.status in RETRYABLE
 
 
 def _again(job: DiagnosticJob, from_order: int) -> QuerySet[StageRun]:
-    """The stages from `from_order` on that will run again: those that did not succeed, and
-    one that succeeded only by stopping the job."""
-    stopped = [s.pk for s in job.stage_runs.filter(order__gte=from_order) if stopped_the_job(s)]
-    return job.stage_runs.filter(order__gte=from_order).exclude(
-        status=StageRun.Status.SUCCEEDED) | job.stage_runs.filter(pk__in=stopped)
+    """The stages from `from_order` on that will run again: those that did not succeed
+    (including one that stopped the job)."""
+    return job.stage_runs.filter(order__gte=from_order).exclude(status=StageRun.Status.SUCCEEDED)
 
 
 def _reset(stages: QuerySet[StageRun]) -> list[str]:
@@ -64,7 +58,7 @@ def _reset(stages: QuerySet[StageRun]) -> list[str]:
     names = list(StageRun.objects.filter(pk__in=ids).order_by("order").values_list("name", flat=True))
     Finding.objects.filter(stage_id__in=ids).delete()
     Measurement.objects.filter(stage_id__in=ids).delete()
-    StageRun.objects.filter(pk__in=ids).update(**RESET, result=None)
+    lifecycle.RESET.apply(StageRun.objects.filter(pk__in=ids), **RESET, result=None)
     return names
 
 
@@ -85,11 +79,9 @@ def retry_stage(job: DiagnosticJob, stage_name: str) -> str:
             raise ActionRefused(f"{stage_name} is {stage.status}; only a failed or stopped stage, or one "
                                 "that stopped the job, is retried")
         names = _reset(_again(locked, stage.order))
-        locked.stage_runs.filter(name="report").update(**RESET)
-        DiagnosticJob.objects.filter(pk=locked.pk).update(
-            status=DiagnosticJob.Status.QUEUED, status_message="", finished_at=None, cancel_requested=False,
-            stop_side="",
-        )
+        lifecycle.RESET.apply(locked.stage_runs.filter(name="report"), **RESET)
+        lifecycle.REQUEUE.apply(DiagnosticJob.objects.filter(pk=locked.pk), status_message="",
+                                finished_at=None, cancel_requested=False, stop_side="")
         locked.refresh_from_db()
         start_job(locked)
     # In the order they run: the stages after the retried one that did not succeed, then the report.
@@ -124,15 +116,14 @@ def rerun_plan(job: DiagnosticJob) -> dict[str, list[str]]:
     """Which stages a re-run of a held job keeps (completed, still valid: a later stage works
     on the configuration with their proved changes) and which run again."""
     stages = list(job.stage_runs.order_by("order"))
-    again = [s.name for s in stages if s.status != StageRun.Status.SUCCEEDED or stopped_the_job(s)]
+    again = [s.name for s in stages if s.status != StageRun.Status.SUCCEEDED]
     return {"kept": [s.name for s in stages if s.name not in again], "again": again}
 
 
 def _rerun(locked: DiagnosticJob, *, kind: str, message: str, data: dict[str, Any], actor: Any) -> list[str]:
     names = _reset(_again(locked, 0))
-    DiagnosticJob.objects.filter(pk=locked.pk).update(
-        status=DiagnosticJob.Status.QUEUED, status_message="", finished_at=None, cancel_requested=False,
-        stop_side="", released_at=None)
+    lifecycle.REQUEUE.apply(DiagnosticJob.objects.filter(pk=locked.pk), status_message="", finished_at=None,
+                            cancel_requested=False, stop_side="", released_at=None)
     JobEvent.objects.create(job=locked, kind=kind, message=message, data={**data, "stages": names},
                             actor=actor if getattr(actor, "pk", None) else None)
     return names

@@ -227,7 +227,7 @@ def lab_baseline_dir(lab: Lab) -> Path:
 def latest_facts(lab: Lab) -> StageRun | None:
     """The newest preflight on `lab` that kept its nodes' facts: what the lab is now, as
     far as the stored records show (the health poll keeps too little of them)."""
-    rows = (StageRun.objects.filter(job__lab=lab, name="preflight", status=StageRun.Status.SUCCEEDED,
+    rows = (StageRun.objects.filter(job__lab=lab, name="preflight", status__in=StageRun.WITH_RESULT,
                                     finished_at__isnull=False)
             .order_by("-finished_at").only("job_id", "finished_at", "result"))
     for row in rows[:5]:

@@ -79,7 +79,7 @@ def _job_hashes(job: DiagnosticJob, stages: Iterable[StageRun],
                 yield digest, Served(job, "", what)
         for digest in _hashes_in(stage.result):
             yield digest, Served(job, stage.name, "a setting it tried")
-        if stage.status == StageRun.Status.SUCCEEDED and isinstance(stage.result, Mapping):
+        if stage.status in StageRun.WITH_RESULT and isinstance(stage.result, Mapping):
             mine = [c for c in stage.result.get("config_changes") or [] if isinstance(c, dict)]
             if mine:
                 changes.extend(mine)

@@ -245,14 +245,14 @@ class Command(BaseCommand):
         validate_findings(document)
         # Written whole or not at all (a full disk leaves the previous file, not half of one).
         path = write_atomically(out / "findings.json", (json.dumps(document, indent=2) + "\n").encode())
-        succeeded = job.stage_runs.filter(name="report", status="succeeded")
+        succeeded = job.stage_runs.filter(name="report", status=StageRun.Status.SUCCEEDED)
         report = succeeded.values_list("result", flat=True).first()
         if isinstance(report, dict):
             for key, name in (("report_pdf", "report.pdf"), ("email_eml", "email.eml")):
                 if report.get(key) and Path(report[key]).is_file():
                     write_atomically(out / name, Path(report[key]).read_bytes())
                     self.stdout.write(f"wrote {out / name}")
-        for stage in job.stage_runs.filter(status="succeeded").order_by("order"):
+        for stage in job.stage_runs.filter(status__in=StageRun.WITH_RESULT).order_by("order"):
             result = stage.result if isinstance(stage.result, dict) else {}
             for name, text in (result.get("artifacts") or {}).items():
                 # Files a stage made for the customer's own analysis (the cold-start telemetry).

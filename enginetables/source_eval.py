@@ -461,37 +461,9 @@ class SourceEval:
             value = self.binop(stmt.op, current, self.eval(stmt.value, frame), stmt, inplace=True)
             self.assign(stmt.target, value, frame)
         elif isinstance(stmt, ast.If):
-            test = self.truth(self.eval(stmt.test, frame))
-            if isinstance(test, Unknown):
-                cond = ast.unparse(stmt.test)
-                self.note(f"{self.where(mod, stmt)}: condition not known statically, "
-                          f"its branch was followed: if {cond}")
-                self.condition.append(cond)
-                try:
-                    self.exec_block(stmt.body, frame)
-                finally:
-                    self.condition.pop()
-            elif test:
-                self.exec_block(stmt.body, frame)
-            else:
-                self.exec_block(stmt.orelse, frame)
+            self.exec_if(stmt, frame)
         elif isinstance(stmt, ast.For | ast.AsyncFor):
-            iterable = self.eval(stmt.iter, frame)
-            items = self.iterate(iterable)
-            if items is None:
-                self.note(f"{self.where(mod, stmt)}: loop over a value not known statically "
-                          f"was skipped: for ... in {ast.unparse(stmt.iter)}")
-                return
-            for item in items:
-                self.assign(stmt.target, item, frame)
-                try:
-                    self.exec_block(stmt.body, frame)
-                except _Break:
-                    break
-                except _Continue:
-                    continue
-            else:
-                self.exec_block(stmt.orelse, frame)
+            self.exec_for(stmt, frame)
         elif isinstance(stmt, ast.While):
             test = self.truth(self.eval(stmt.test, frame))
             if test is False:
@@ -503,11 +475,7 @@ class SourceEval:
             self.exec_block(stmt.orelse, frame)
             self.exec_block(stmt.finalbody, frame)
         elif isinstance(stmt, ast.With | ast.AsyncWith):
-            for item in stmt.items:
-                self.eval(item.context_expr, frame)
-                if item.optional_vars is not None:
-                    self.assign(item.optional_vars, Unknown(ast.unparse(item.context_expr)), frame)
-            self.exec_block(stmt.body, frame)
+            self.exec_with(stmt, frame)
         elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
             frame.locals[stmt.name] = self.make_function(stmt, frame, owner=None)
         elif isinstance(stmt, ast.ClassDef):
@@ -518,22 +486,8 @@ class SourceEval:
             raise _Return(None if stmt.value is None else self.eval(stmt.value, frame))
         elif isinstance(stmt, ast.Raise):
             raise _Return(Unknown(f"raise at {self.where(mod, stmt)}"))
-        elif isinstance(stmt, ast.Import):
-            for alias in stmt.names:
-                if alias.asname:
-                    frame.locals[alias.asname] = LazyImport(alias.name, "")
-                else:
-                    top = alias.name.split(".")[0]
-                    frame.locals[top] = LazyImport(top, "")
-        elif isinstance(stmt, ast.ImportFrom):
-            base = self.absolute_module(mod, stmt.module, stmt.level)
-            for alias in stmt.names:
-                if alias.name == "*":
-                    self.star_import(base, frame)
-                    continue
-                sub = f"{base}.{alias.name}"
-                ref = LazyImport(sub, "") if self.has_module(sub) else LazyImport(base, alias.name)
-                frame.locals[alias.asname or alias.name] = ref
+        elif isinstance(stmt, ast.Import | ast.ImportFrom):
+            self.exec_import(stmt, frame)
         elif isinstance(stmt, ast.Delete):
             for target in stmt.targets:
                 self.delete(target, frame)
@@ -546,6 +500,65 @@ class SourceEval:
             if isinstance(name, ast.Name) and isinstance(value, ast.expr):
                 frame.locals[name.id] = self.eval(value, frame)
         # Pass, Global, Nonlocal, Assert, Match: nothing the parsers depend on.
+
+    def exec_with(self, stmt: ast.With | ast.AsyncWith, frame: Frame) -> None:
+        for item in stmt.items:
+            self.eval(item.context_expr, frame)
+            if item.optional_vars is not None:
+                self.assign(item.optional_vars, Unknown(ast.unparse(item.context_expr)), frame)
+        self.exec_block(stmt.body, frame)
+
+    def exec_if(self, stmt: ast.If, frame: Frame) -> None:
+        test = self.truth(self.eval(stmt.test, frame))
+        if isinstance(test, Unknown):
+            cond = ast.unparse(stmt.test)
+            self.note(f"{self.where(frame.module, stmt)}: condition not known statically, "
+                      f"its branch was followed: if {cond}")
+            self.condition.append(cond)
+            try:
+                self.exec_block(stmt.body, frame)
+            finally:
+                self.condition.pop()
+        elif test:
+            self.exec_block(stmt.body, frame)
+        else:
+            self.exec_block(stmt.orelse, frame)
+
+    def exec_for(self, stmt: ast.For | ast.AsyncFor, frame: Frame) -> None:
+        iterable = self.eval(stmt.iter, frame)
+        items = self.iterate(iterable)
+        if items is None:
+            self.note(f"{self.where(frame.module, stmt)}: loop over a value not known statically "
+                      f"was skipped: for ... in {ast.unparse(stmt.iter)}")
+            return
+        for item in items:
+            self.assign(stmt.target, item, frame)
+            try:
+                self.exec_block(stmt.body, frame)
+            except _Break:
+                break
+            except _Continue:
+                continue
+        else:
+            self.exec_block(stmt.orelse, frame)
+
+    def exec_import(self, stmt: ast.Import | ast.ImportFrom, frame: Frame) -> None:
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                if alias.asname:
+                    frame.locals[alias.asname] = LazyImport(alias.name, "")
+                else:
+                    top = alias.name.split(".")[0]
+                    frame.locals[top] = LazyImport(top, "")
+            return
+        base = self.absolute_module(frame.module, stmt.module, stmt.level)
+        for alias in stmt.names:
+            if alias.name == "*":
+                self.star_import(base, frame)
+                continue
+            sub = f"{base}.{alias.name}"
+            ref = LazyImport(sub, "") if self.has_module(sub) else LazyImport(base, alias.name)
+            frame.locals[alias.asname or alias.name] = ref
 
     def absolute_module(self, mod: Module, name: str | None, level: int) -> str:
         if level == 0:
@@ -686,62 +699,17 @@ class SourceEval:
         if isinstance(node, ast.JoinedStr):
             return self.joined_str(node, frame)
         if isinstance(node, ast.List | ast.Tuple | ast.Set):
-            items: list[Any] = []
-            for elt in node.elts:
-                if isinstance(elt, ast.Starred):
-                    inner = self.iterate(self.eval(elt.value, frame))
-                    if inner is None:
-                        items.append(Unknown(ast.unparse(elt)))
-                    else:
-                        items.extend(inner)
-                else:
-                    items.append(self.eval(elt, frame))
-            if isinstance(node, ast.List):
-                return items
-            if isinstance(node, ast.Tuple):
-                return tuple(items)
-            return _safe_set(items)
+            return self.eval_sequence(node, frame)
         if isinstance(node, ast.Dict):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in zip(node.keys, node.values, strict=True):
-                if key_node is None:
-                    inner = self.eval(value_node, frame)
-                    if isinstance(inner, dict):
-                        out.update(inner)
-                    else:
-                        marker = Unknown(ast.unparse(value_node))
-                        out[marker] = marker
-                    continue
-                key = self.eval(key_node, frame)
-                try:
-                    out[key] = self.eval(value_node, frame)
-                except TypeError:
-                    marker = Unknown(ast.unparse(key_node))
-                    out[marker] = marker
-            return out
+            return self.eval_dict(node, frame)
+        if isinstance(node, ast.UnaryOp):
+            return self.eval_unary(node, frame)
+        if isinstance(node, ast.BoolOp):
+            return self.eval_boolop(node, frame)
+        if isinstance(node, ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp):
+            return self.eval_comprehension(node, frame)
         if isinstance(node, ast.BinOp):
             return self.binop(node.op, self.eval(node.left, frame), self.eval(node.right, frame), node)
-        if isinstance(node, ast.UnaryOp):
-            operand = self.eval(node.operand, frame)
-            if isinstance(node.op, ast.Not):
-                truth = self.truth(operand)
-                return truth if isinstance(truth, Unknown) else not truth
-            if not _is_plain(operand):
-                return Unknown(ast.unparse(node))
-            unary: dict[type, Callable[[Any], Any]] = {
-                ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
-            return unary[type(node.op)](operand)
-        if isinstance(node, ast.BoolOp):
-            is_and = isinstance(node.op, ast.And)
-            result: Any = None
-            for value_node in node.values:
-                result = self.eval(value_node, frame)
-                truth = self.truth(result)
-                if isinstance(truth, Unknown):
-                    return Unknown(ast.unparse(node))
-                if truth is not is_and:
-                    return result
-            return result
         if isinstance(node, ast.Compare):
             return self.compare(node, frame)
         if isinstance(node, ast.IfExp):
@@ -749,17 +717,6 @@ class SourceEval:
             if isinstance(truth, Unknown):
                 return Unknown(ast.unparse(node))
             return self.eval(node.body if truth else node.orelse, frame)
-        if isinstance(node, ast.ListComp | ast.SetComp | ast.GeneratorExp):
-            values = self.comprehension(node.generators, [node.elt], frame, node)
-            if isinstance(values, Unknown):
-                return values
-            flat = [v[0] for v in values]
-            return _safe_set(flat) if isinstance(node, ast.SetComp) else flat
-        if isinstance(node, ast.DictComp):
-            values = self.comprehension(node.generators, [node.key, node.value], frame, node)
-            if isinstance(values, Unknown):
-                return values
-            return {k: v for k, v in values}
         if isinstance(node, ast.Lambda):
             return FuncVal(node=node, module=frame.module, closure=frame)
         if isinstance(node, ast.NamedExpr):
@@ -775,6 +732,79 @@ class SourceEval:
         if isinstance(node, ast.Starred):
             return self.eval(node.value, frame)
         return Unknown(ast.unparse(node))
+
+    def eval_sequence(self, node: ast.List | ast.Tuple | ast.Set, frame: Frame) -> Any:
+        items: list[Any] = []
+        for elt in node.elts:
+            if isinstance(elt, ast.Starred):
+                inner = self.iterate(self.eval(elt.value, frame))
+                if inner is None:
+                    items.append(Unknown(ast.unparse(elt)))
+                else:
+                    items.extend(inner)
+            else:
+                items.append(self.eval(elt, frame))
+        if isinstance(node, ast.List):
+            return items
+        if isinstance(node, ast.Tuple):
+            return tuple(items)
+        return _safe_set(items)
+
+    def eval_dict(self, node: ast.Dict, frame: Frame) -> Any:
+        out: dict[Any, Any] = {}
+        for key_node, value_node in zip(node.keys, node.values, strict=True):
+            if key_node is None:
+                inner = self.eval(value_node, frame)
+                if isinstance(inner, dict):
+                    out.update(inner)
+                else:
+                    marker = Unknown(ast.unparse(value_node))
+                    out[marker] = marker
+                continue
+            key = self.eval(key_node, frame)
+            try:
+                out[key] = self.eval(value_node, frame)
+            except TypeError:
+                marker = Unknown(ast.unparse(key_node))
+                out[marker] = marker
+        return out
+
+    def eval_unary(self, node: ast.UnaryOp, frame: Frame) -> Any:
+        operand = self.eval(node.operand, frame)
+        if isinstance(node.op, ast.Not):
+            truth = self.truth(operand)
+            return truth if isinstance(truth, Unknown) else not truth
+        if not _is_plain(operand):
+            return Unknown(ast.unparse(node))
+        unary: dict[type, Callable[[Any], Any]] = {
+            ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
+        return unary[type(node.op)](operand)
+
+    def eval_boolop(self, node: ast.BoolOp, frame: Frame) -> Any:
+        is_and = isinstance(node.op, ast.And)
+        result: Any = None
+        for value_node in node.values:
+            result = self.eval(value_node, frame)
+            truth = self.truth(result)
+            if isinstance(truth, Unknown):
+                return Unknown(ast.unparse(node))
+            if truth is not is_and:
+                return result
+        return result
+
+    def eval_comprehension(
+        self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp, frame: Frame
+    ) -> Any:
+        if isinstance(node, ast.DictComp):
+            pairs = self.comprehension(node.generators, [node.key, node.value], frame, node)
+            if isinstance(pairs, Unknown):
+                return pairs
+            return {k: v for k, v in pairs}
+        values = self.comprehension(node.generators, [node.elt], frame, node)
+        if isinstance(values, Unknown):
+            return values
+        flat = [v[0] for v in values]
+        return _safe_set(flat) if isinstance(node, ast.SetComp) else flat
 
     def lookup(self, name: str, frame: Frame) -> Any:
         found, value = False, None
@@ -976,6 +1006,25 @@ class SourceEval:
             return self.module_global(obj, name)
         if isinstance(obj, Ext):
             return self.ext_value(f"{obj.name}.{name}")
+        if isinstance(obj, ClassVal | Instance | SuperVal | EnumMember):
+            return self.object_attr(obj, name)
+        if isinstance(obj, FuncVal | BoundMethod | TypeForm):
+            return self.callable_attr(obj, name)
+        if isinstance(obj, ParserRecorder | GroupRecorder | SubparsersRecorder):
+            return MethodOf(obj, name)
+        if isinstance(obj, type) and obj in (int, str, float, bool, list, dict, tuple, set):
+            if name == "__name__":
+                return obj.__name__
+            if name == "__module__":
+                return "builtins"
+            return Unknown(f"{obj.__name__}.{name}")
+        for kind, names in _SAFE_METHODS.items():
+            if type(obj) is kind and name in names:
+                return MethodOf(obj, name)
+        return Unknown(f"{type(obj).__name__}.{name}")
+
+    def object_attr(self, obj: ClassVal | Instance | SuperVal | EnumMember, name: str) -> Any:
+        """An attribute of a class, an instance, `super()` or an enum member."""
         if isinstance(obj, ClassVal):
             if name == "__name__" or name == "__qualname__":
                 return obj.name
@@ -1002,37 +1051,26 @@ class SourceEval:
                     if found:
                         return self.bind(value, obj.receiver, cls)
             return Unknown(f"super().{name}")
-        if isinstance(obj, EnumMember):
-            if name == "value":
-                return obj.value
-            if name == "name":
-                return obj.name
-            return self.bind(self.class_lookup(obj.cls, name), obj, obj.cls)
-        if isinstance(obj, FuncVal | BoundMethod):
-            func = obj.func if isinstance(obj, BoundMethod) else obj
-            if name == "__name__":
-                return func.name
-            if name == "__doc__":
-                return None if isinstance(func.node, ast.Lambda) else ast.get_docstring(func.node)
-            return Unknown(f"{func.name}.{name}")
+        if name == "value":
+            return obj.value
+        if name == "name":
+            return obj.name
+        return self.bind(self.class_lookup(obj.cls, name), obj, obj.cls)
+
+    def callable_attr(self, obj: FuncVal | BoundMethod | TypeForm, name: str) -> Any:
+        """An attribute of a function, a bound method or a typing form."""
         if isinstance(obj, TypeForm):
             if name == "__args__":
                 return obj.args
             if name == "__origin__":
                 return obj.origin
             return Unknown(f"type.{name}")
-        if isinstance(obj, ParserRecorder | GroupRecorder | SubparsersRecorder):
-            return MethodOf(obj, name)
-        if isinstance(obj, type) and obj in (int, str, float, bool, list, dict, tuple, set):
-            if name == "__name__":
-                return obj.__name__
-            if name == "__module__":
-                return "builtins"
-            return Unknown(f"{obj.__name__}.{name}")
-        for kind, names in _SAFE_METHODS.items():
-            if type(obj) is kind and name in names:
-                return MethodOf(obj, name)
-        return Unknown(f"{type(obj).__name__}.{name}")
+        func = obj.func if isinstance(obj, BoundMethod) else obj
+        if name == "__name__":
+            return func.name
+        if name == "__doc__":
+            return None if isinstance(func.node, ast.Lambda) else ast.get_docstring(func.node)
+        return Unknown(f"{func.name}.{name}")
 
     def bind(self, value: Any, receiver: Any, cls: ClassVal) -> Any:
         if isinstance(value, FuncVal):

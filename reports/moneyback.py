@@ -329,28 +329,7 @@ def assess(
     day = lab_day or lab_day_of(findings)
     found = [f for f in findings.get("findings") or [] if isinstance(f, Mapping)]
 
-    # Only a lab finding that stopped the job means the lab could not reproduce the
-    # configuration; preflight also records lab warnings (a slow link, clock skew, an
-    # unused node down) that change nothing about the engagement.
-    lab_side = [
-        str(f.get("code"))
-        for f in found
-        if str(f.get("code", "")).startswith(LAB_SIDE_PREFIX) and f.get("blocking") is True
-    ]
-    if lab_side:
-        lab_condition = Condition(
-            "lab_side_failure",
-            "Lab could not reproduce the configuration for reasons on our side",
-            True,
-            f"Our lab could not reproduce the configuration ({', '.join(lab_side)}).",
-        )
-    else:
-        lab_condition = Condition(
-            "lab_side_failure",
-            "Lab could not reproduce the configuration for reasons on our side",
-            False,
-            "The configuration was reproduced; no lab-side failure was recorded.",
-        )
+    lab_condition = _lab_side_condition(found)
 
     improvements = tuple(
         judge_improvement(str(f.get("code", "")), impact) for f in found for impact in impacts_of(f)
@@ -359,46 +338,10 @@ def assess(
                           {"better": "higher", **diff})
         for key, diff in measured_differences(findings)
     )
-    shown = [i for i in improvements if i.demonstrated]
-    if shown:
-        improvement_condition = Condition(
-            "no_demonstrated_improvement",
-            "No finding shows a measured improvement whose 95 % interval excludes zero",
-            False,
-            f"{len(shown)} measured improvement{'s' if len(shown) != 1 else ''} with the 95 % interval "
-            f"excluding zero ({_improvement_names(shown)}).",
-        )
-    else:
-        improvement_condition = Condition(
-            "no_demonstrated_improvement",
-            "No finding shows a measured improvement whose 95 % interval excludes zero",
-            True,
-            "No finding shows a measured improvement whose 95 % interval excludes zero.",
-        )
+    improvement_condition = _improvement_condition(improvements)
 
     deadline = report_deadline(day, holidays=holidays, tz=tz) if day else None
-    if deadline is None:
-        late_condition = Condition(
-            "late_report",
-            "Report not sent within one business day of the lab day",
-            None,
-            "The lab day is not recorded, so the one-business-day rule could not be checked.",
-        )
-    else:
-        moment = sent_at or now
-        verb = "was sent" if sent_at else "is being issued"
-        late = moment >= deadline
-        shown_deadline = deadline.astimezone(tz) - dt.timedelta(microseconds=1)
-        late_condition = Condition(
-            "late_report",
-            "Report not sent within one business day of the lab day",
-            late,
-            f"The report {verb} on {moment.astimezone(tz):%Y-%m-%d %H:%M %Z}; the deadline was the end of "
-            f"{shown_deadline:%A %Y-%m-%d} (lab day {day:%Y-%m-%d})."
-            if late
-            else f"The report {verb} on {moment.astimezone(tz):%Y-%m-%d %H:%M %Z}, before the end of "
-            f"{shown_deadline:%A %Y-%m-%d} (lab day {day:%Y-%m-%d}).",
-        )
+    late_condition = _late_condition(deadline, day, sent_at or now, sent=sent_at is not None, tz=tz)
 
     conditions: tuple[Condition, ...] = (lab_condition, improvement_condition, late_condition)
     faults = [f for f in findings.get("lab_faults") or [] if isinstance(f, Mapping)]
@@ -410,4 +353,71 @@ def assess(
         improvements=improvements,
         deadline=deadline,
         overrides=tuple(sorted(overrides, key=lambda o: o.at)),
+    )
+
+
+def _lab_side_condition(found: list[Mapping[str, Any]]) -> Condition:
+    # Only a lab finding that stopped the job means the lab could not reproduce the
+    # configuration; preflight also records lab warnings (a slow link, clock skew, an
+    # unused node down) that change nothing about the engagement.
+    lab_side = [
+        str(f.get("code"))
+        for f in found
+        if str(f.get("code", "")).startswith(LAB_SIDE_PREFIX) and f.get("blocking") is True
+    ]
+    if lab_side:
+        return Condition(
+            "lab_side_failure",
+            "Lab could not reproduce the configuration for reasons on our side",
+            True,
+            f"Our lab could not reproduce the configuration ({', '.join(lab_side)}).",
+        )
+    return Condition(
+        "lab_side_failure",
+        "Lab could not reproduce the configuration for reasons on our side",
+        False,
+        "The configuration was reproduced; no lab-side failure was recorded.",
+    )
+
+
+def _improvement_condition(improvements: tuple[Improvement, ...]) -> Condition:
+    shown = [i for i in improvements if i.demonstrated]
+    if shown:
+        return Condition(
+            "no_demonstrated_improvement",
+            "No finding shows a measured improvement whose 95 % interval excludes zero",
+            False,
+            f"{len(shown)} measured improvement{'s' if len(shown) != 1 else ''} with the 95 % interval "
+            f"excluding zero ({_improvement_names(shown)}).",
+        )
+    return Condition(
+        "no_demonstrated_improvement",
+        "No finding shows a measured improvement whose 95 % interval excludes zero",
+        True,
+        "No finding shows a measured improvement whose 95 % interval excludes zero.",
+    )
+
+
+def _late_condition(
+    deadline: dt.datetime | None, day: dt.date | None, moment: dt.datetime, *, sent: bool, tz: dt.tzinfo
+) -> Condition:
+    if deadline is None:
+        return Condition(
+            "late_report",
+            "Report not sent within one business day of the lab day",
+            None,
+            "The lab day is not recorded, so the one-business-day rule could not be checked.",
+        )
+    verb = "was sent" if sent else "is being issued"
+    late = moment >= deadline
+    shown_deadline = deadline.astimezone(tz) - dt.timedelta(microseconds=1)
+    return Condition(
+        "late_report",
+        "Report not sent within one business day of the lab day",
+        late,
+        f"The report {verb} on {moment.astimezone(tz):%Y-%m-%d %H:%M %Z}; the deadline was the end of "
+        f"{shown_deadline:%A %Y-%m-%d} (lab day {day:%Y-%m-%d})."
+        if late
+        else f"The report {verb} on {moment.astimezone(tz):%Y-%m-%d %H:%M %Z}, before the end of "
+        f"{shown_deadline:%A %Y-%m-%d} (lab day {day:%Y-%m-%d}).",
     )

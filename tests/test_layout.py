@@ -123,3 +123,82 @@ def test_the_scan_sees_imports_inside_functions_and_relative_ones(tmp_path: Path
         "reports/sub/probe.py:2 imports diagnostic.pipelines.claim",
         "reports/sub/probe.py:3 imports lab.sim.engine",
     ]
+
+
+def status_writes(path: Path, root: Path = ROOT) -> Iterator[str]:
+    """Where `path` changes a job's or a stage's status outside diagnostic/lifecycle.py: an
+    UPDATE naming `status` (or spreading a dict that might) and an assignment to `.status`.
+    A booking's status (its own, smaller lifecycle in bookings/models.py) is not these."""
+    source = path.read_text()
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("update", "bulk_update")
+                and any(k.arg in ("status", None) for k in node.keywords)):
+            receiver = ast.get_source_segment(source, node.func.value) or ""
+            if "Booking" not in receiver:
+                yield f"{path.relative_to(root)}:{node.lineno} updates the status of {receiver[:60]}"
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                for item in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(item, ast.Attribute) and item.attr == "status":
+                        yield f"{path.relative_to(root)}:{node.lineno} sets {ast.unparse(item)}"
+
+
+# Modules that set a `.status` that is not a job's or a stage's.
+OTHER_STATUSES = (
+    "diagnostic/bookings/models.py",  # a booking's, cancelled
+    "diagnostic/portal/config_views.py",  # a booking's, confirmed by its first configuration
+    "diagnostic/pipelines/client.py",  # an HTTP response's
+)
+
+
+def test_only_the_lifecycle_changes_a_job_or_stage_status() -> None:
+    found = [hit for path in _modules("diagnostic", skip=("diagnostic/lifecycle.py", *OTHER_STATUSES))
+             if "migrations" not in path.parts for hit in status_writes(path)]
+    assert found == [], "each status change of a job or stage is a transition of diagnostic/lifecycle.py"
+
+
+def test_the_status_scan_sees_updates_and_assignments(tmp_path: Path) -> None:
+    module = tmp_path / "diagnostic" / "probe.py"
+    module.parent.mkdir()
+    module.write_text("def f(job, stage, RESET):\n"
+                      "    StageRun.objects.filter(pk=1).update(status='failed')\n"
+                      "    job.stage_runs.update(**RESET)\n"
+                      "    Booking.objects.filter(pk=1).update(status='cancelled')\n"
+                      "    stage.status = 'succeeded'\n")
+    assert sorted(status_writes(module, tmp_path)) == [
+        "diagnostic/probe.py:2 updates the status of StageRun.objects.filter(pk=1)",
+        "diagnostic/probe.py:3 updates the status of job.stage_runs",
+        "diagnostic/probe.py:5 sets stage.status",
+    ]
+
+
+MAX_FUNCTION_LINES = 100
+
+
+def long_functions(root: Path = ROOT) -> list[str]:
+    """Functions (and methods) longer than MAX_FUNCTION_LINES, docstring included, outside
+    the tests and the generated migrations."""
+    found = []
+    for package in ("diagnostic", "lab", "reports", "enginetables", "benchmarks"):
+        for path in _modules(package, root=root):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_a_page_and_a_half() -> None:
+    # Split a longer one along its numbered steps (issue 38); ruff holds complexity (C901).
+    assert long_functions() == []
+
+
+def test_the_length_scan_counts_a_long_function(tmp_path: Path) -> None:
+    module = tmp_path / "reports" / "probe.py"
+    module.parent.mkdir()
+    module.write_text("def short():\n    return 1\n\n\ndef long():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert long_functions(tmp_path) == [f"reports/probe.py:5 long ({MAX_FUNCTION_LINES + 1} lines)"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from diagnostic.jobs.context import StageContext, StopJob
 from diagnostic.jobs.faults import LabFault
@@ -57,18 +57,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     nodes = list(session.nodes)
 
     if len(nodes) < needed:
-        ctx.add_finding(
-            "config.layout_exceeds_lab",
-            f"The configuration needs {needed} nodes (tp {parallel['tp']} x pp {parallel['pp']}); "
-            f"the lab has {len(nodes)}",
-            evidence={"needed": needed, "available": len(nodes), "nodes": [n.name for n in nodes]},
-            change={"parallel": "run on a lab with at least tp x pp nodes"},
-            blocking=True,
-        )
-        raise StopJob(
-            f"preflight: the configuration needs {needed} nodes, lab has {len(nodes)}",
-            {"needed_nodes": needed, "lab_nodes": [n.name for n in nodes], "checks": []},
-        )
+        _too_few_nodes(ctx, needed, nodes)
     used = session.nodes_for(config)
     used_names = {n.name for n in used}
 
@@ -83,18 +72,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     failed = {name: f for name, f in facts.items() if not isinstance(f, dict)}
     conditions = Conditions()
 
-    needed_down = sorted(n for n in failed if n in used_names)
-    if needed_down:
-        # A lab fault, never the customer's: retried after a pause (a node rebooting answers
-        # again), and once the attempts are spent the day is held for staff.
-        unreachable = {n: failed[n] for n in needed_down}
-        causes: dict[str, BaseException] = {}
-        for name, error in unreachable.items():
-            causes.update(error.nodes if isinstance(error, NodeUnreachable) else {name: error})
-        if all(isinstance(e, NodeUnreachable) for e in unreachable.values()):
-            raise NodeUnreachable(causes)
-        raise LabFault("agent_failed", f"the node agent failed on {', '.join(needed_down)}",
-                       nodes=needed_down, evidence={n: str(e) for n, e in unreachable.items()})
+    _needed_nodes_answer(failed, used_names)
     checks: list[dict[str, Any]] = []
     if failed:
         for name, error in sorted(failed.items()):
@@ -115,20 +93,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.log(f"model memory: {memory['summary']}")
     checks.append(memory)
 
-    summary = {
-        name: {
-            "host": f.get("host"),
-            "arch": f.get("arch"),
-            "kernel": f.get("kernel"),
-            "mem_total_kib": f.get("mem_total_kib"),
-            "mem_available_kib": f.get("mem_available_kib"),
-            "gpus": f.get("gpus"),
-            "nics": f.get("nics"),
-            "model_dir": f.get("model_dir"),
-            "engines": f.get("engines"),
-        }
-        for name, f in reachable.items()
-    }
+    summary = {name: _node_summary(f) for name, f in reachable.items()}
     grouped = conditions.grouped()
     for condition in grouped:
         ctx.log(f"lab condition ({'blocking' if condition['blocking'] else 'noted'}): {condition['summary']}")
@@ -165,6 +130,52 @@ def run(ctx: StageContext) -> dict[str, Any]:
             evidence={"conditions": blocking},
         )
     return result
+
+
+def _too_few_nodes(ctx: StageContext, needed: int, nodes: list[Any]) -> NoReturn:
+    parallel = ctx.config["parallel"]
+    ctx.add_finding(
+        "config.layout_exceeds_lab",
+        f"The configuration needs {needed} nodes (tp {parallel['tp']} x pp {parallel['pp']}); "
+        f"the lab has {len(nodes)}",
+        evidence={"needed": needed, "available": len(nodes), "nodes": [n.name for n in nodes]},
+        change={"parallel": "run on a lab with at least tp x pp nodes"},
+        blocking=True,
+    )
+    raise StopJob(
+        f"preflight: the configuration needs {needed} nodes, lab has {len(nodes)}",
+        {"needed_nodes": needed, "lab_nodes": [n.name for n in nodes], "checks": []},
+    )
+
+
+def _needed_nodes_answer(failed: dict[str, Any], used_names: set[str]) -> None:
+    """A node the configuration needs that did not answer is a lab fault, never the
+    customer's: retried after a pause (a node rebooting answers again), and once the
+    attempts are spent the day is held for staff."""
+    needed_down = sorted(n for n in failed if n in used_names)
+    if needed_down:
+        unreachable = {n: failed[n] for n in needed_down}
+        causes: dict[str, BaseException] = {}
+        for name, error in unreachable.items():
+            causes.update(error.nodes if isinstance(error, NodeUnreachable) else {name: error})
+        if all(isinstance(e, NodeUnreachable) for e in unreachable.values()):
+            raise NodeUnreachable(causes)
+        raise LabFault("agent_failed", f"the node agent failed on {', '.join(needed_down)}",
+                       nodes=needed_down, evidence={n: str(e) for n, e in unreachable.items()})
+
+
+def _node_summary(f: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "host": f.get("host"),
+        "arch": f.get("arch"),
+        "kernel": f.get("kernel"),
+        "mem_total_kib": f.get("mem_total_kib"),
+        "mem_available_kib": f.get("mem_available_kib"),
+        "gpus": f.get("gpus"),
+        "nics": f.get("nics"),
+        "model_dir": f.get("model_dir"),
+        "engines": f.get("engines"),
+    }
 
 
 def memory_bandwidth(session: Any, nodes: list[str]) -> dict[str, Any]:
@@ -260,8 +271,18 @@ def _check_node(
     conditions: Conditions, node: Node, facts: dict[str, Any], config: dict[str, Any]
 ) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
-    name = node.name
+    for check in (_check_gpu, _check_memory, _check_data_nics, _check_engine_user, _check_model_dir,
+                  _check_engine):
+        checks.extend(check(conditions, node, facts, config))
+    return checks
 
+
+def _check_gpu(
+    conditions: Conditions, node: Node, facts: dict[str, Any], config: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The GPU and its compute capability."""
+    checks: list[dict[str, Any]] = []
+    name = node.name
     gpus = facts.get("gpus") or []
     expected_cc = COMPUTE_CAPABILITY.get(str(config["cluster"]["node_type"]))
     if not gpus:
@@ -280,7 +301,15 @@ def _check_node(
                 f"{config['cluster']['node_type']} has {expected_cc}",
                 {"found": capabilities, "expected": expected_cc, "gpus": [g.get("name") for g in gpus]},
             )
+    return checks
 
+
+def _check_memory(
+    conditions: Conditions, node: Node, facts: dict[str, Any], config: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Memory available against what the engine will ask for."""
+    checks: list[dict[str, Any]] = []
+    name = node.name
     total = int(facts.get("mem_total_kib") or 0)
     available = int(facts.get("mem_available_kib") or 0)
     utilization = float(config["serving"]["gpu_memory_utilization"])
@@ -299,7 +328,15 @@ def _check_node(
             {"mem_total_kib": total, "mem_available_kib": available, "wanted_kib": round(wanted),
              "gpu_memory_utilization": utilization},
         )
+    return checks
 
+
+def _check_data_nics(
+    conditions: Conditions, node: Node, facts: dict[str, Any], config: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Each data interface: present, up, at the customer's link speed."""
+    checks: list[dict[str, Any]] = []
+    name = node.name
     link_mbps = float(config["cluster"]["link_gbps"]) * 1000
     by_name = {n.get("name"): n for n in facts.get("nics") or []}
     for nic in node.data_nics:
@@ -320,7 +357,15 @@ def _check_node(
                      f"below the customer's {link_mbps / 1000:g}")
         conditions.add("lab.link_speed", name, words, {"nic": nic, "speed_mbps": speed, "operstate": state,
                                                       "config_link_gbps": link_mbps / 1000})
+    return checks
 
+
+def _check_engine_user(
+    conditions: Conditions, node: Node, facts: dict[str, Any], config: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The user engines run as: never root."""
+    checks: list[dict[str, Any]] = []
+    name = node.name
     # Engines run customers' configurations: never as root (the agent refuses the launch;
     # preflight holds the day before any start is tried, naming the node's setting).
     user = facts.get("engine_user")
@@ -333,7 +378,15 @@ def _check_node(
                            f"would run engines as {user.get('name')!r}: "
                            f"{user.get('problem') or 'root'}",
                            {"engine_user": user}, blocking=True)
+    return checks
 
+
+def _check_model_dir(
+    conditions: Conditions, node: Node, facts: dict[str, Any], config: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The model directory."""
+    checks: list[dict[str, Any]] = []
+    name = node.name
     model_dir = facts.get("model_dir") or {}
     present = bool(model_dir.get("exists"))
     checks.append({"check": "model_dir", "node": name, "ok": present, "path": model_dir.get("path")})
@@ -341,7 +394,15 @@ def _check_node(
         conditions.add("lab.model_missing", name,
                        f"has no model directory {model_dir.get('path') or node.model_dir}",
                        {"model_dir": model_dir}, blocking=True)
+    return checks
 
+
+def _check_engine(
+    conditions: Conditions, node: Node, facts: dict[str, Any], config: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The engine release the agent sees."""
+    checks: list[dict[str, Any]] = []
+    name = node.name
     engine = config["engine"]
     installed = (facts.get("engines") or {}).get(engine["name"])
     engine_ok = installed == engine["version"]

@@ -31,7 +31,7 @@ stopped answering), the measure stage measures the configuration itself.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 from diagnostic.jobs.context import StageContext, StopJob
 from diagnostic.jobs.faults import LabFault
@@ -245,68 +245,87 @@ def _start_failed(ctx: StageContext, config: dict[str, Any], exc: LaunchFailed, 
     kv = kv_budget_evidence(exc.log_tail, engine)
     stopped = {"launched": False, "node": exc.node, "reason": exc.reason, **telemetry}
     if kv is not None and not retry:
-        # The configuration itself does not fit: the customer's to change, not our lab.
-        fits = kv.get("estimated_max_model_len")
-        change: dict[str, Any] = {
-            "note": "Free memory for the KV cache instead, if the context length matters more: a "
-            "higher serving.gpu_memory_utilization, an fp8 KV cache, or more nodes."
-        }
-        plan = (context or {}).get("plan") or {}
-        would = plan.get("would_fit")
-        target = int(((context or {}).get("target") or {}).get("target") or kv["max_model_len"])
-        if would:
-            change["note"] = would_fit_words(would, target)
-        tried = (context or {}).get("tried")
-        if tried:
-            change["note"] = (f"Started with {settings_words(tried['settings'])} at {target:,} tokens, the "
-                              f"engine did not serve that length ({tried['why']}).")
-            again = tried.get("kv_budget") or {}
-            fraction = tried["settings"].get("gpu_memory_utilization")
-            if fraction is not None and again.get("kv_available_gib") == kv.get("kv_available_gib"):
-                change["note"] += (
-                    f" A higher gpu_memory_utilization ({fraction:g}) gave the KV cache no more memory "
-                    f"({kv.get('kv_available_gib')} GiB at both fractions): something other than the "
-                    "fraction limits it on these nodes. Free the nodes' memory, or use more nodes.")
-        if fits:
-            change["config"] = {"serving.max_model_len": {"from": kv["max_model_len"], "to": fits}}
-            change["note"] = (f"The rest of the day ran with serving.max_model_len {fits:,}, the longest the "
-                              "engine said fits. " + change["note"])
-        extra: dict[str, Any] = {}
-        if context:
-            extra["context"] = {k: context[k] for k in ("target", "plan", "tried") if k in context}
-        ctx.add_finding(
-            "load.kv_budget",
-            f"The KV cache cannot hold one request of {kv['max_model_len']:,} tokens, so the engine "
-            "refuses to start",
-            evidence={"node": exc.node, **kv, **extra},
-            change=change,
-            blocking=not fits,
-        )
-        if fits:
-            return changes.change("serving.max_model_len", kv["max_model_len"], fits,
-                                  finding="load.kv_budget",
-                                  why="the longest context whose KV cache fits, as the engine said")
-        raise StopJob(
-            f"reproduce: the configuration did not start on {exc.node}: its KV cache does not fit",
-            stopped,
-        ) from exc
+        return _kv_refused(ctx, exc, kv, stopped, context)
     if kv is not None:
-        # The length the engine named did not fit either: nothing proved, the day stops here,
-        # and the finding says so (the one the first refusal made).
-        first = next((f for f in ctx.findings if f.code == "load.kv_budget"), None)
-        if first is not None:
-            first.blocking = True
-            first.evidence["retry"] = {"node": exc.node, **kv}
-            first.change["note"] = (
-                f"A start with serving.max_model_len {kv['max_model_len']:,}, the engine's first estimate, "
-                f"failed the same way (it then estimated {kv.get('estimated_max_model_len') or 0:,}). Free "
-                "memory for the KV cache: a higher serving.gpu_memory_utilization, an fp8 KV cache, or more "
-                "nodes; or a shorter context.")
-        raise StopJob(
-            f"reproduce: the configuration did not start on {exc.node}: its KV cache does not fit, even at "
-            "the length the engine said fits",
-            stopped,
-        ) from exc
+        _kv_refused_again(ctx, exc, kv, stopped)
+    _refused_or_crashed(ctx, exc, engine, stopped)
+
+
+def _kv_refused(ctx: StageContext, exc: LaunchFailed, kv: dict[str, Any], stopped: dict[str, Any],
+                context: dict[str, Any] | None) -> dict[str, Any]:
+    """The configuration itself does not fit: the customer's to change, not our lab. With the
+    length the engine said fits, the change to it; without, the day stops."""
+    fits = kv.get("estimated_max_model_len")
+    change: dict[str, Any] = {
+        "note": "Free memory for the KV cache instead, if the context length matters more: a "
+        "higher serving.gpu_memory_utilization, an fp8 KV cache, or more nodes."
+    }
+    plan = (context or {}).get("plan") or {}
+    would = plan.get("would_fit")
+    target = int(((context or {}).get("target") or {}).get("target") or kv["max_model_len"])
+    if would:
+        change["note"] = would_fit_words(would, target)
+    tried = (context or {}).get("tried")
+    if tried:
+        change["note"] = (f"Started with {settings_words(tried['settings'])} at {target:,} tokens, the "
+                          f"engine did not serve that length ({tried['why']}).")
+        again = tried.get("kv_budget") or {}
+        fraction = tried["settings"].get("gpu_memory_utilization")
+        if fraction is not None and again.get("kv_available_gib") == kv.get("kv_available_gib"):
+            change["note"] += (
+                f" A higher gpu_memory_utilization ({fraction:g}) gave the KV cache no more memory "
+                f"({kv.get('kv_available_gib')} GiB at both fractions): something other than the "
+                "fraction limits it on these nodes. Free the nodes' memory, or use more nodes.")
+    if fits:
+        change["config"] = {"serving.max_model_len": {"from": kv["max_model_len"], "to": fits}}
+        change["note"] = (f"The rest of the day ran with serving.max_model_len {fits:,}, the longest the "
+                          "engine said fits. " + change["note"])
+    extra: dict[str, Any] = {}
+    if context:
+        extra["context"] = {k: context[k] for k in ("target", "plan", "tried") if k in context}
+    ctx.add_finding(
+        "load.kv_budget",
+        f"The KV cache cannot hold one request of {kv['max_model_len']:,} tokens, so the engine "
+        "refuses to start",
+        evidence={"node": exc.node, **kv, **extra},
+        change=change,
+        blocking=not fits,
+    )
+    if fits:
+        return changes.change("serving.max_model_len", kv["max_model_len"], fits,
+                              finding="load.kv_budget",
+                              why="the longest context whose KV cache fits, as the engine said")
+    raise StopJob(
+        f"reproduce: the configuration did not start on {exc.node}: its KV cache does not fit",
+        stopped,
+    ) from exc
+
+
+def _kv_refused_again(ctx: StageContext, exc: LaunchFailed, kv: dict[str, Any],
+                      stopped: dict[str, Any]) -> NoReturn:
+    # The length the engine named did not fit either: nothing proved, the day stops here,
+    # and the finding says so (the one the first refusal made).
+    first = next((f for f in ctx.findings if f.code == "load.kv_budget"), None)
+    if first is not None:
+        first.blocking = True
+        first.evidence["retry"] = {"node": exc.node, **kv}
+        first.change["note"] = (
+            f"A start with serving.max_model_len {kv['max_model_len']:,}, the engine's first estimate, "
+            f"failed the same way (it then estimated {kv.get('estimated_max_model_len') or 0:,}). Free "
+            "memory for the KV cache: a higher serving.gpu_memory_utilization, an fp8 KV cache, or more "
+            "nodes; or a shorter context.")
+    raise StopJob(
+        f"reproduce: the configuration did not start on {exc.node}: its KV cache does not fit, even at "
+        "the length the engine said fits",
+        stopped,
+    ) from exc
+
+
+def _refused_or_crashed(
+    ctx: StageContext, exc: LaunchFailed, engine: str, stopped: dict[str, Any]
+) -> NoReturn:
+    """A start that failed otherwise: the engine refused the arguments (the customer's), or
+    it crashed (ours, unless shown to be the configuration's)."""
     refused = argument_refusal(exc.engine_error, exc.exit_code)
     if refused is not None:
         # The engine refused the configuration's arguments: the customer's configuration

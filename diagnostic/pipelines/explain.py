@@ -113,54 +113,10 @@ def explain_step(
     notes: list[str] = []
     parts: list[dict[str, Any]] = []
 
-    peak, peak_source = _bandwidth(nodes_facts)
-    reached, why_not_measured = measured_bandwidth(measured_bw)
-    weights_ms = None
-    per_token = profile.decode_bytes_per_token_gb if profile is not None else None
-    gb = float(per_token) if per_token else None
-    if gb and reached and measured_bw is not None:
-        weights_ms = gb / (tp * reached) * 1000.0
-        of_peak = f" of the {peak:g} specified" if peak else ""
-        spread = ""
-        low = measured_bw.get("min_gbs")
-        if isinstance(low, int | float) and not isinstance(low, bool) and low < reached:
-            spread = f", the slowest node {low:.0f} GB/s"
-        parts.append({
-            "part": "weights_read", "label": "Weights read for one step", "ms": weights_ms, "kind": MEASURED,
-            "basis": "catalog bytes at the measured bandwidth",
-            "how": f"{gb:g} GB of active weights per step (the lab's catalog) over {tp} accelerators at "
-                   f"{reached:.0f} GB/s each, the bandwidth a streaming read reached on this lab "
-                   f"({_probe_words(measured_bw)}{spread}): reached {reached:.0f} GB/s{of_peak}",
-            "inputs": {"decode_bytes_per_token_gb": gb, "tp": tp, "mem_bw_gbs": reached,
-                       "bandwidth_source": _probe_words(measured_bw), "bandwidth_kind": MEASURED,
-                       "measured_gbs": reached, "measured_min_gbs": measured_bw.get("min_gbs"),
-                       "probe_nodes": len(measured_bw.get("nodes") or {}),
-                       "probe_repeats": measured_bw.get("repeats"), "probe_method": measured_bw.get("method"),
-                       "peak_gbs": peak, "peak_source": peak_source if peak else None},
-        })
-        notes.append(
-            "The weights' read is the catalog's bytes per token at the bandwidth measured on this lab: the "
-            "bandwidth is measured, the bytes are the catalog's average. The routed experts are not read "
-            "evenly across the ranks, so the slowest rank reads more than its share and the step waits "
-            "for it; that time is in the remainder.")
-    elif gb and peak:
-        weights_ms = gb / (tp * peak) * 1000.0
-        parts.append({
-            "part": "weights_read", "label": "Weights read for one step", "ms": weights_ms, "kind": ESTIMATE,
-            "basis": "catalog bytes at the specified peak",
-            "how": f"{gb:g} GB of active weights per step over {tp} accelerators at {peak:g} GB/s each, the "
-                   "specified peak; the bandwidth reached was not measured, so this is the least the read "
-                   "takes",
-            "inputs": {"decode_bytes_per_token_gb": gb, "tp": tp, "mem_bw_gbs": peak,
-                       "bandwidth_source": peak_source, "bandwidth_kind": ESTIMATE,
-                       "peak_gbs": peak, "peak_source": peak_source},
-        })
-        notes.append(f"The weights' read is at the specified peak: {why_not_measured}.")
-    else:
-        notes.append("The weights' read is not estimated: "
-                     + ("the lab's catalog gives no bytes read per token for this model" if not gb
-                        else peak_source) + ".")
-
+    weights = _weights_part(profile, tp, nodes_facts, measured_bw, notes)
+    weights_ms = weights["ms"] if weights else None
+    if weights:
+        parts.append(weights)
     base_ms = step_ms
     if speculative:
         if no_spec_tps:
@@ -177,23 +133,9 @@ def explain_step(
             notes.append("Speculation's cost is not separated: no rate of this configuration without "
                          "speculation was measured on this day.")
     rest_ms = base_ms - (weights_ms or 0.0)
-    rest: dict[str, Any] = {
-        "part": "communication_and_overhead",
-        "label": "Communication between the nodes and the engine's fixed work per step",
-        "ms": rest_ms, "kind": MEASURED,
-        "how": ("the measured step without speculation" if speculative and no_spec_tps
-                else "the measured step")
-               + (" less the weights' read" if weights_ms is not None else "")
-               + ": the collectives of every layer across the tensor-parallel group, kernel launches, "
-                 "sampling and the scheduler; this day's runs do not separate them",
-    }
-    if speculative and not no_spec_tps:
-        rest["label"] += ", with speculation's drafting and verifying"
-    if layers and tp > 1:
-        rest["per_layer_ms_at_most"] = rest_ms / layers
-        rest["how"] += (f"; were it all communication, {rest_ms / layers * 1000:.0f} µs for each of the "
-                        f"{layers} layers, an upper bound")
-    parts.insert(1 if weights_ms is not None else 0, rest)
+    parts.insert(1 if weights_ms is not None else 0,
+                 _rest_part(rest_ms, speculative=speculative, no_spec_tps=no_spec_tps,
+                            weights_ms=weights_ms, layers=layers, tp=tp))
     if rest_ms < 0:
         notes.append("The weights' read exceeds the measured step: the catalog's bytes per token "
                      "or the bandwidth do not fit this lab.")
@@ -212,6 +154,86 @@ def explain_step(
         "sum_ms": round(sum(p["ms"] for p in parts), 3),
         "notes": notes,
     }
+
+
+def _weights_part(
+    profile: ModelProfile | None, tp: int, nodes_facts: Mapping[str, Mapping[str, Any]],
+    measured_bw: Mapping[str, Any] | None, notes: list[str],
+) -> dict[str, Any] | None:
+    """The weights' read of one step: the catalog's bytes at the bandwidth measured on this
+    lab, else at the specified peak, else none (saying why in `notes`)."""
+    peak, peak_source = _bandwidth(nodes_facts)
+    reached, why_not_measured = measured_bandwidth(measured_bw)
+    per_token = profile.decode_bytes_per_token_gb if profile is not None else None
+    gb = float(per_token) if per_token else None
+    if gb and reached and measured_bw is not None:
+        weights_ms = gb / (tp * reached) * 1000.0
+        of_peak = f" of the {peak:g} specified" if peak else ""
+        spread = ""
+        low = measured_bw.get("min_gbs")
+        if isinstance(low, int | float) and not isinstance(low, bool) and low < reached:
+            spread = f", the slowest node {low:.0f} GB/s"
+        part = {
+            "part": "weights_read", "label": "Weights read for one step", "ms": weights_ms, "kind": MEASURED,
+            "basis": "catalog bytes at the measured bandwidth",
+            "how": f"{gb:g} GB of active weights per step (the lab's catalog) over {tp} accelerators at "
+                   f"{reached:.0f} GB/s each, the bandwidth a streaming read reached on this lab "
+                   f"({_probe_words(measured_bw)}{spread}): reached {reached:.0f} GB/s{of_peak}",
+            "inputs": {"decode_bytes_per_token_gb": gb, "tp": tp, "mem_bw_gbs": reached,
+                       "bandwidth_source": _probe_words(measured_bw), "bandwidth_kind": MEASURED,
+                       "measured_gbs": reached, "measured_min_gbs": measured_bw.get("min_gbs"),
+                       "probe_nodes": len(measured_bw.get("nodes") or {}),
+                       "probe_repeats": measured_bw.get("repeats"), "probe_method": measured_bw.get("method"),
+                       "peak_gbs": peak, "peak_source": peak_source if peak else None},
+        }
+        notes.append(
+            "The weights' read is the catalog's bytes per token at the bandwidth measured on this lab: the "
+            "bandwidth is measured, the bytes are the catalog's average. The routed experts are not read "
+            "evenly across the ranks, so the slowest rank reads more than its share and the step waits "
+            "for it; that time is in the remainder.")
+        return part
+    if gb and peak:
+        weights_ms = gb / (tp * peak) * 1000.0
+        part = {
+            "part": "weights_read", "label": "Weights read for one step", "ms": weights_ms, "kind": ESTIMATE,
+            "basis": "catalog bytes at the specified peak",
+            "how": f"{gb:g} GB of active weights per step over {tp} accelerators at {peak:g} GB/s each, the "
+                   "specified peak; the bandwidth reached was not measured, so this is the least the read "
+                   "takes",
+            "inputs": {"decode_bytes_per_token_gb": gb, "tp": tp, "mem_bw_gbs": peak,
+                       "bandwidth_source": peak_source, "bandwidth_kind": ESTIMATE,
+                       "peak_gbs": peak, "peak_source": peak_source},
+        }
+        notes.append(f"The weights' read is at the specified peak: {why_not_measured}.")
+        return part
+    notes.append("The weights' read is not estimated: "
+                 + ("the lab's catalog gives no bytes read per token for this model" if not gb
+                    else peak_source) + ".")
+    return None
+
+
+def _rest_part(
+    rest_ms: float, *, speculative: bool, no_spec_tps: float | None, weights_ms: float | None,
+    layers: int | None, tp: int,
+) -> dict[str, Any]:
+    """What the step spends beyond the weights' read: communication and fixed work."""
+    rest: dict[str, Any] = {
+        "part": "communication_and_overhead",
+        "label": "Communication between the nodes and the engine's fixed work per step",
+        "ms": rest_ms, "kind": MEASURED,
+        "how": ("the measured step without speculation" if speculative and no_spec_tps
+                else "the measured step")
+               + (" less the weights' read" if weights_ms is not None else "")
+               + ": the collectives of every layer across the tensor-parallel group, kernel launches, "
+                 "sampling and the scheduler; this day's runs do not separate them",
+    }
+    if speculative and not no_spec_tps:
+        rest["label"] += ", with speculation's drafting and verifying"
+    if layers and tp > 1:
+        rest["per_layer_ms_at_most"] = rest_ms / layers
+        rest["how"] += (f"; were it all communication, {rest_ms / layers * 1000:.0f} µs for each of the "
+                        f"{layers} layers, an upper bound")
+    return rest
 
 
 def distance(tuned_tps: float | None, other_tps: float | None) -> dict[str, Any] | None:

@@ -714,13 +714,9 @@ class ReleaseParser:
             return self._convert(option, strings[0])
         return [self._convert(option, s) for s in strings]
 
-    def parse(self, tokens: Sequence[str], *, partial: bool = False) -> Parsed:
-        """`tokens` (the arguments after the program) as the release reads them; an
-        EngineArgError for anything it refuses. `partial`: the tail of a command (its extra
-        arguments), read as argparse reads them there: the positionals were taken before
-        it, and options the whole command requires may be missing."""
-        # Given.tokens and the refusals hold the tokens as argparse received them.
-        args = tokens = self.preprocess(tokens)
+    def _pattern(self, args: Sequence[str]) -> tuple[str, dict[int, tuple[Option | None, str, str | None]]]:
+        """argparse's view of the arguments: one letter each (O an option, A an argument, - the
+        `--` after which all are arguments), and the options found by position."""
         pattern: list[str] = []
         found: dict[int, tuple[Option | None, str, str | None]] = {}
         after_dashes = False
@@ -737,7 +733,16 @@ class ReleaseParser:
                 else:
                     found[i] = classified
                     pattern.append("O")
-        text = "".join(pattern)
+        return "".join(pattern), found
+
+    def parse(self, tokens: Sequence[str], *, partial: bool = False) -> Parsed:
+        """`tokens` (the arguments after the program) as the release reads them; an
+        EngineArgError for anything it refuses. `partial`: the tail of a command (its extra
+        arguments), read as argparse reads them there: the positionals were taken before
+        it, and options the whole command requires may be missing."""
+        # Given.tokens and the refusals hold the tokens as argparse received them.
+        args = tokens = self.preprocess(tokens)
+        text, found = self._pattern(args)
         out = Parsed()
         extras: list[str] = []
         positionals = [] if partial else list(self.positionals)

@@ -685,6 +685,22 @@ class EngineProcess:
         t = self._jit(t, fp4.backend, compiled=not eager)
 
         # 6. KV profiling and cache allocation (a collective: the ranks meet again)
+        t, memory_gib = self._kv_phase(t, serving, nodes_used)
+        port = int(parsed.port or 8000)
+        # Build the API server (tokenizer, text model) while the graphs are captured, so its
+        # wall-clock set-up cost is not multiplied by the dilation into a longer cold start.
+        server = self._serving_engine(config, argv, fp4.backend, port) if self._api_server else None
+
+        # 7. graph capture (none with --enforce-eager), then the engine's ready line
+        t = self._capture_phase(t, config, memory_gib)
+
+        # 8. API ready (the head serves; workers wait for work)
+        return self._serve(t, server, port, config)
+
+    def _kv_phase(self, t: float, serving: dict[str, Any], nodes_used: int) -> tuple[float, float]:
+        """KV profiling and cache allocation, after the ranks meet; returns its end and the
+        memory the engine then holds (weights and KV cache, GiB)."""
+        scenario = self.node.scenario
         if self.group is not None:
             self.node.hardware.record_activity(t, math.inf, "wait", {})
             released = self.group.arrive("kv", self, t, stall_if_env_wrong=False).release
@@ -693,25 +709,24 @@ class EngineProcess:
             self.at(released)
             t = released
         kv_start = t
-        kv_end = t + load["kv_alloc_s"]
+        kv_end = t + scenario.truth["load"]["kv_alloc_s"]
         self._phase("kv_alloc", kv_start, kv_end)
         self.at(kv_end)
         weights_gib = weights_per_node_gb(scenario.model, nodes_used) * 1e9 / GIB
         kv_gib = self._kv_report(kv_end, serving, weights_gib)
         self.node.hardware.engine_memory(kv_end, weights_gib + kv_gib)
-        t = kv_end
-        port = int(parsed.port or 8000)
-        # Build the API server (tokenizer, text model) while the graphs are captured, so its
-        # wall-clock set-up cost is not multiplied by the dilation into a longer cold start.
-        server = self._serving_engine(config, argv, fp4.backend, port) if self._api_server else None
+        return kv_end, weights_gib + kv_gib
 
-        # 7. graph capture (none with --enforce-eager)
-        capture_s = 0.0 if serving.get("enforce_eager") else load["graph_capture_s"]
+    def _capture_phase(self, t: float, config: dict[str, Any], memory_gib: float) -> float:
+        """Graph capture (none in eager mode), then the engine's own init-done line."""
+        serving = config.get("serving", {})
+        eager = bool(serving.get("enforce_eager"))
+        capture_s = 0.0 if eager else self.node.scenario.truth["load"]["graph_capture_s"]
         if capture_s > 0:
             self._phase("graph_capture", t, t + capture_s)
             self.at(t + capture_s)
             t += capture_s
-            self._graphs_captured(t, capture_s, config, weights_gib + kv_gib)
+            self._graphs_captured(t, capture_s, config, memory_gib)
         jit_phase = next(p for p in self.phases if p.name == "jit")
         if self.engine == "vllm" and eager:
             # Eager mode compiles nothing, so compilation_time stays 0 and v1/engine/core.py
@@ -722,9 +737,12 @@ class EngineProcess:
             line = next(x for x in self.rel.lines("engine_init") if x.text.endswith("(compilation: %.2f s)"))
             self.log(t, line, line.pct(t - jit_phase.start, jit_phase.seconds))
         else:
-            self._sglang_pool_line(t, config, weights_gib + kv_gib)
+            self._sglang_pool_line(t, config, memory_gib)
+        return t
 
-        # 8. API ready (the head serves; workers wait for work)
+    def _serve(self, t: float, server: Any, port: int, config: dict[str, Any]) -> int:
+        """The head's API comes up and serves (until a scripted crash); a worker waits."""
+        load = self.node.scenario.truth["load"]
         if server is None:
             self._phase("ready", t, math.inf, "serving")
             self.ready_at = t
@@ -744,7 +762,7 @@ class EngineProcess:
         self.ready_at = api_end
         self._phase("serving", api_end, math.inf)
 
-        crash = scenario.faults("engine_crash_after_s")
+        crash = self.node.scenario.faults("engine_crash_after_s")
         if crash:
             crash_at = api_end + crash[0]["engine_crash_after_s"]
             self.at(crash_at)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from lab.clock import LabClock
 from lab.config import engine_api_keys
@@ -61,6 +61,18 @@ class RequestError(Exception):
         self.status = status
         self.kind = kind
         self.param = param
+
+
+class _Prompt(NamedTuple):
+    """What a request's prompt part says, for either API."""
+
+    text: str
+    ids: list[int]
+    question: str
+    workload: Workload
+    echo: bool
+    logprobs: int | None
+    raw_limit: Any
 
 
 @dataclass
@@ -361,85 +373,15 @@ class _Handler(BaseHTTPRequestHandler):
             )
         if body.get("n", 1) not in (1, None):
             raise RequestError("n: this server returns one choice per request; use n = 1", param="n")
-        if chat:
-            messages = body.get("messages")
-            if (
-                not isinstance(messages, list)
-                or not messages
-                or not all(isinstance(m, dict) for m in messages)
-            ):
-                raise RequestError("messages: expected a non-empty list of messages", param="messages")
-            for i, m in enumerate(messages):
-                if "role" not in m:
-                    raise RequestError(f"messages[{i}].role: missing", param="messages")
-            prompt_text = render_chat(messages)
-            users = [_content_text(m.get("content")) for m in messages if m["role"] == "user"]
-            question = users[-1] if users else _content_text(messages[-1].get("content"))
-            workload = classify_prompt("\n".join(_content_text(m.get("content")) for m in messages))
-            prompt_ids = core.text.encode(prompt_text)
-            echo = False
-            logprobs = _top_n(body.get("top_logprobs"), "top_logprobs") if _flag(body, "logprobs") else None
-            raw_limit = body.get("max_completion_tokens", body.get("max_tokens"))
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-                vocab = len(core.text.token_bytes)
-                if not all(0 <= t < vocab for t in prompt):
-                    raise RequestError(f"prompt: token ids must be in 0..{vocab - 1}", param="prompt")
-                prompt_ids = [int(t) for t in prompt]
-                prompt_text = core.text.decode(prompt_ids)
-            elif isinstance(prompt, str):
-                prompt_text = prompt
-                prompt_ids = core.text.encode(prompt)
-            else:
-                raise RequestError("prompt: expected one string or one list of token ids", param="prompt")
-            question = prompt_text
-            workload = classify_prompt(prompt_text)
-            echo = _flag(body, "echo")
-            raw = body.get("logprobs")
-            logprobs = None if raw is None else _top_n(raw, "logprobs")
-            raw_limit = body.get("max_tokens")
+        prompt = self._chat_prompt(body) if chat else self._completion_prompt(body)
+        prompt_text, prompt_ids, question = prompt.text, prompt.ids, prompt.question
+        workload, echo, logprobs, raw_limit = prompt.workload, prompt.echo, prompt.logprobs, prompt.raw_limit
         if not prompt_ids:
             raise RequestError("prompt: empty", param="prompt")
 
         limit_given = raw_limit is not None
-        if limit_given:
-            if not isinstance(raw_limit, int) or isinstance(raw_limit, bool) or raw_limit < 0:
-                raise RequestError(
-                    f"max_tokens: expected an integer >= 0, got {raw_limit!r}", param="max_tokens"
-                )
-            max_tokens = int(raw_limit)
-            if max_tokens == 0 and not echo:
-                raise RequestError("max_tokens: must be at least 1 (0 only with echo)", param="max_tokens")
-        elif chat:
-            max_tokens = min(CHAT_NATURAL_REPLY_TOKENS, max(1, core.max_model_len - len(prompt_ids)))
-        else:
-            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-        if core.engine == "sglang":
-            # SGLang's tokenizer manager checks the context length first, in its own words.
-            n, total = len(prompt_ids), len(prompt_ids) + max_tokens
-            values = {"input_token_num": n, "self.context_len": core.max_model_len, "total_tokens": total,
-                      "max_new_tokens": max_tokens}
-            if n >= core.max_model_len:
-                raise RequestError(core.release.line("context_too_long", startswith="The input").fmt(values))
-            if total > core.max_model_len:
-                raise RequestError(core.release.line("context_too_long", startswith="Requested").fmt(values))
-        if len(prompt_ids) + max_tokens > core.max_model_len:
-            raise RequestError(
-                f"This model's maximum context length is {core.max_model_len} tokens. However, you "
-                f"requested {len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, "
-                f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
-                param="max_tokens",
-            )
-        if core.engine == "sglang" and core.kv_capacity:
-            # SGLang's scheduler (tp_worker.py, managers/utils.py validate_input_length):
-            # max_req_len = min(context length - 1, KV pool - 1), the input at most 5 fewer.
-            max_req_input_len = min(core.max_model_len - 1, int(core.kv_capacity) - 1) - 5
-            if len(prompt_ids) >= max_req_input_len:
-                raise RequestError(core.release.line("input_too_long").fmt(
-                    {"len(req.origin_input_ids)": len(prompt_ids), "max_req_input_len": max_req_input_len}))
+        max_tokens = self._max_tokens(raw_limit, chat=chat, echo=echo, prompt_ids=prompt_ids)
+        self._check_length(prompt_ids, max_tokens)
         temperature = body.get("temperature", 1.0)
         if temperature is None:
             temperature = 1.0
@@ -467,6 +409,97 @@ class _Handler(BaseHTTPRequestHandler):
             echo=echo,
             logprobs=logprobs,
         )
+
+    def _chat_prompt(self, body: dict[str, Any]) -> _Prompt:
+        core = self.core
+        messages = body.get("messages")
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(m, dict) for m in messages)
+        ):
+            raise RequestError("messages: expected a non-empty list of messages", param="messages")
+        for i, m in enumerate(messages):
+            if "role" not in m:
+                raise RequestError(f"messages[{i}].role: missing", param="messages")
+        prompt_text = render_chat(messages)
+        users = [_content_text(m.get("content")) for m in messages if m["role"] == "user"]
+        question = users[-1] if users else _content_text(messages[-1].get("content"))
+        workload = classify_prompt("\n".join(_content_text(m.get("content")) for m in messages))
+        prompt_ids = core.text.encode(prompt_text)
+        echo = False
+        logprobs = _top_n(body.get("top_logprobs"), "top_logprobs") if _flag(body, "logprobs") else None
+        raw_limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        return _Prompt(prompt_text, prompt_ids, question, workload, echo, logprobs, raw_limit)
+
+    def _completion_prompt(self, body: dict[str, Any]) -> _Prompt:
+        core = self.core
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            vocab = len(core.text.token_bytes)
+            if not all(0 <= t < vocab for t in prompt):
+                raise RequestError(f"prompt: token ids must be in 0..{vocab - 1}", param="prompt")
+            prompt_ids = [int(t) for t in prompt]
+            prompt_text = core.text.decode(prompt_ids)
+        elif isinstance(prompt, str):
+            prompt_text = prompt
+            prompt_ids = core.text.encode(prompt)
+        else:
+            raise RequestError("prompt: expected one string or one list of token ids", param="prompt")
+        question = prompt_text
+        workload = classify_prompt(prompt_text)
+        echo = _flag(body, "echo")
+        raw = body.get("logprobs")
+        logprobs = None if raw is None else _top_n(raw, "logprobs")
+        raw_limit = body.get("max_tokens")
+        return _Prompt(prompt_text, prompt_ids, question, workload, echo, logprobs, raw_limit)
+
+    def _max_tokens(self, raw_limit: Any, *, chat: bool, echo: bool, prompt_ids: list[int]) -> int:
+        """The tokens asked for: the request's limit, checked, or the API's default."""
+        core = self.core
+        if raw_limit is not None:
+            if not isinstance(raw_limit, int) or isinstance(raw_limit, bool) or raw_limit < 0:
+                raise RequestError(
+                    f"max_tokens: expected an integer >= 0, got {raw_limit!r}", param="max_tokens"
+                )
+            max_tokens = int(raw_limit)
+            if max_tokens == 0 and not echo:
+                raise RequestError("max_tokens: must be at least 1 (0 only with echo)", param="max_tokens")
+        elif chat:
+            max_tokens = min(CHAT_NATURAL_REPLY_TOKENS, max(1, core.max_model_len - len(prompt_ids)))
+        else:
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        return max_tokens
+
+    def _check_length(self, prompt_ids: list[int], max_tokens: int) -> None:
+        """Refuse a request longer than the context, or than SGLang's KV pool, in each
+        engine's own words."""
+        core = self.core
+        if core.engine == "sglang":
+            # SGLang's tokenizer manager checks the context length first, in its own words.
+            n, total = len(prompt_ids), len(prompt_ids) + max_tokens
+            values = {"input_token_num": n, "self.context_len": core.max_model_len, "total_tokens": total,
+                      "max_new_tokens": max_tokens}
+            if n >= core.max_model_len:
+                raise RequestError(core.release.line("context_too_long", startswith="The input").fmt(values))
+            if total > core.max_model_len:
+                raise RequestError(core.release.line("context_too_long", startswith="Requested").fmt(values))
+        if len(prompt_ids) + max_tokens > core.max_model_len:
+            raise RequestError(
+                f"This model's maximum context length is {core.max_model_len} tokens. However, you "
+                f"requested {len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                param="max_tokens",
+            )
+        if core.engine == "sglang" and core.kv_capacity:
+            # SGLang's scheduler (tp_worker.py, managers/utils.py validate_input_length):
+            # max_req_len = min(context length - 1, KV pool - 1), the input at most 5 fewer.
+            max_req_input_len = min(core.max_model_len - 1, int(core.kv_capacity) - 1) - 5
+            if len(prompt_ids) >= max_req_input_len:
+                raise RequestError(core.release.line("input_too_long").fmt(
+                    {"len(req.origin_input_ids)": len(prompt_ids), "max_req_input_len": max_req_input_len}))
 
     # -- serving -----------------------------------------------------------------------
 

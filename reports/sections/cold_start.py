@@ -249,7 +249,6 @@ def waterfall_blocks(
     stall signatures still seen in it and those gone. Two designs read alike: each fix added
     to the ones proved before it (one `alone` step at most), or each fix alone then all."""
     cumulative, proofs = waterfall_proofs(waterfall)
-    fix_steps = [w for w in proofs if w.get("fixes")]
     causes = [str(c) for c in cold.get("root_causes") or []]
     for step in waterfall:
         causes += [str(c) for c in step.get("signatures") or [] if str(c) not in causes]
@@ -257,6 +256,22 @@ def waterfall_blocks(
         (as_number(w.get("cold_start_s")) for w in waterfall if w.get("mode") == "baseline"), None
     )
     blocks: list[Block] = []
+    plot = _waterfall_plot(waterfall, figures, cumulative, baseline)
+    if plot:
+        blocks.append(plot)
+    any_ci = any(as_interval(step.get("ci95")) for step in waterfall)
+    rows = [_waterfall_row(step, waterfall, cumulative, baseline, causes, any_ci) for step in waterfall]
+    blocks.append(_waterfall_table(rows, causes, cumulative, any_ci))
+    said = _signatures_gone([w for w in proofs if w.get("fixes")])
+    if said:
+        blocks.append(said)
+    blocks.extend(compile_notes(cold))
+    return blocks
+
+
+def _waterfall_plot(
+    waterfall: list[Mapping[str, Any]], figures: FigureCounter, cumulative: bool, baseline: float | None
+) -> Block | None:
     bars = [
         plots.WaterfallStep(
             label=str(step.get("step", "")),
@@ -285,46 +300,53 @@ def waterfall_blocks(
             + " (lab time). Beside each bar, the stall signatures still seen in that start.",
             steps=bars,
         )
-        if plot:
-            blocks.append(plot)
-    rows = []
-    any_ci = any(as_interval(step.get("ci95")) for step in waterfall)
+        return plot
+    return None
+
+
+def _waterfall_row(
+    step: Mapping[str, Any], waterfall: list[Mapping[str, Any]], cumulative: bool, baseline: float | None,
+    causes: list[str], any_ci: bool,
+) -> list[str]:
+    """One proving start: its change, its cold start and what it still showed."""
     first = next((w for w in waterfall if w.get("mode") == "baseline"), waterfall[0])
     shown_first = {str(c) for c in first.get("signatures") or []}
-    for step in waterfall:
-        value = as_number(step.get("cold_start_s"))
-        delta = _delta(step, baseline)
-        delta_ci = as_interval(step.get("delta_ci95"))
-        seen = {str(c) for c in step.get("signatures") or []}
-        if step.get("mode") == "tuned":
-            change = "the tuned configuration: every change of this report, its own true cold starts"
-        elif step.get("mode") == "all" and cumulative and step.get("changes"):
-            change = _change_text(step.get("changes")) + ", with every change above: all of them together"
-        elif step.get("mode") == "all":
-            change = "every change above, together"
-        elif step.get("mode") == "cumulative":
-            change = _change_text(step.get("changes")) + ", with the changes above"
-        else:
-            change = _change_text(step.get("changes")) or "none: your configuration"
-        row = [
-            str(step.get("step", "")),
-            change,
-            str(step.get("n", "")),
-            fig.seconds_bare(value) if value is not None else "",
-        ]
-        if any_ci:
-            ci = as_interval(step.get("ci95"))
-            row.append(fig.interval(ci, fig.seconds_bare) if ci else "")
-        row.append(
-            (fig.signed(delta, fig.seconds_bare) if delta is not None else "")
-            + (f"\n{fig.signed_interval(delta_ci, fig.seconds_bare)}" if delta_ci else "")
-        )
-        # "Gone" only for a signature your own start showed; one it never showed is "not seen".
-        if step.get("mode") == "tuned":
-            row += ["" for _ in causes]  # the measure stage times the start; the triage reads signatures
-        else:
-            row += ["seen" if c in seen else "gone" if c in shown_first else "not seen" for c in causes]
-        rows.append(row)
+    value = as_number(step.get("cold_start_s"))
+    delta = _delta(step, baseline)
+    delta_ci = as_interval(step.get("delta_ci95"))
+    seen = {str(c) for c in step.get("signatures") or []}
+    if step.get("mode") == "tuned":
+        change = "the tuned configuration: every change of this report, its own true cold starts"
+    elif step.get("mode") == "all" and cumulative and step.get("changes"):
+        change = _change_text(step.get("changes")) + ", with every change above: all of them together"
+    elif step.get("mode") == "all":
+        change = "every change above, together"
+    elif step.get("mode") == "cumulative":
+        change = _change_text(step.get("changes")) + ", with the changes above"
+    else:
+        change = _change_text(step.get("changes")) or "none: your configuration"
+    row = [
+        str(step.get("step", "")),
+        change,
+        str(step.get("n", "")),
+        fig.seconds_bare(value) if value is not None else "",
+    ]
+    if any_ci:
+        ci = as_interval(step.get("ci95"))
+        row.append(fig.interval(ci, fig.seconds_bare) if ci else "")
+    row.append(
+        (fig.signed(delta, fig.seconds_bare) if delta is not None else "")
+        + (f"\n{fig.signed_interval(delta_ci, fig.seconds_bare)}" if delta_ci else "")
+    )
+    # "Gone" only for a signature your own start showed; one it never showed is "not seen".
+    if step.get("mode") == "tuned":
+        row += ["" for _ in causes]  # the measure stage times the start; the triage reads signatures
+    else:
+        row += ["seen" if c in seen else "gone" if c in shown_first else "not seen" for c in causes]
+    return row
+
+
+def _waterfall_table(rows: list[list[str]], causes: list[str], cumulative: bool, any_ci: bool) -> Block:
     columns = [
         "Step",
         "Change",
@@ -333,22 +355,24 @@ def waterfall_blocks(
         *(["95 % interval"] if any_ci else []),
         "Against yours (s)",
     ]
-    blocks.append(
-        Block(
-            "table",
-            caption=(
-                "The waterfall: each fix added to the ones before it, the last row every change together, "
-                if cumulative
-                else "The waterfall: each fix applied alone to your configuration, then all together, "
-            )
-            + "each measured with true cold starts; for each stall signature, whether that start still "
-            "showed it.",
-            columns=[*columns, *(c.removeprefix("load.").replace("_", " ") for c in causes)],
-            numeric=[False, False, True, True, *([True] if any_ci else []), True, *(False for _ in causes)],
-            rows=rows,
-            wrap=True,
+    return Block(
+        "table",
+        caption=(
+            "The waterfall: each fix added to the ones before it, the last row every change together, "
+            if cumulative
+            else "The waterfall: each fix applied alone to your configuration, then all together, "
         )
+        + "each measured with true cold starts; for each stall signature, whether that start still "
+        "showed it.",
+        columns=[*columns, *(c.removeprefix("load.").replace("_", " ") for c in causes)],
+        numeric=[False, False, True, True, *([True] if any_ci else []), True, *(False for _ in causes)],
+        rows=rows,
+        wrap=True,
     )
+
+
+def _signatures_gone(fix_steps: list[Mapping[str, Any]]) -> Block | None:
+    """Which fixes removed their own stall signature, and which did not."""
     gone = [str(step.get("fixes")) for step in fix_steps if step.get("signature_gone") is True]
     kept = [str(step.get("fixes")) for step in fix_steps if step.get("signature_gone") is False]
     text = ""
@@ -364,10 +388,7 @@ def waterfall_blocks(
         )
     if kept:
         text += (" " if text else "") + "Still seen after its fix: " + ", ".join(kept) + "."
-    if text:
-        blocks.append(Block("paragraph", text))
-    blocks.extend(compile_notes(cold))
-    return blocks
+    return Block("paragraph", text) if text else None
 
 
 def compile_notes(cold: Mapping[str, Any]) -> list[Block]:

@@ -48,9 +48,25 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
     measurement = findings.get("measurement")
     if not present(measurement):
         return StageSection("throughput", number, title, False, [Block("paragraph", NOT_RUN)])
-    blocks: list[Block] = []
     after = measurement_after(findings)
     workloads = workloads_in(measurement, after)
+    rows = _rate_rows(findings, measurement, after, workloads)
+    blocks = [Block("paragraph", _rates_text(measurement, rows, workloads))]
+    if rows:
+        blocks.append(_rate_table(rows))
+    plot = _decode_plot(findings, figures, measurement, after, workloads)
+    if plot:
+        blocks.append(plot)
+    blocks.extend(_claim_blocks(measurement, workloads))
+    blocks.extend(_hidden_blocks(findings))
+    return StageSection("throughput", number, title, True, blocks)
+
+
+def _rate_rows(
+    findings: Mapping[str, Any], measurement: Mapping[str, Any], after: Mapping[str, Any],
+    workloads: list[str],
+) -> list[list[str]]:
+    """The rates table's rows: each workload, before and after, with its interval and bound."""
     rows = []
     for workload in workloads:
         for before, section in ((True, measurement), (False, after)):
@@ -78,6 +94,10 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
                     ),
                 ]
             )
+    return rows
+
+
+def _rates_text(measurement: Mapping[str, Any], rows: list[list[str]], workloads: list[str]) -> str:
     text = (
         "Delivered tokens per second of a single stream, counted at the client by re-tokenizing the "
         "text it received (appendix A). The mean of per-run decode rates is given with its Student-t 95 "
@@ -110,27 +130,34 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
             )
     if said:
         text += " With our changes against yours (Welch's test, 5 %): " + "; ".join(said) + "."
-    blocks.append(Block("paragraph", text))
-    if rows:
-        blocks.append(
-            Block(
-                "table",
-                caption="Single-stream decode, delivered at the client.",
-                columns=[
-                    "Workload",
-                    "Configuration",
-                    "n",
-                    "Mean tok/s",
-                    "95 % interval",
-                    "Median",
-                    "Range",
-                    "TTFT",
-                    "Of the bound",
-                ],
-                numeric=[False, False, True, True, True, True, True, True, True],
-                rows=rows,
-            )
-        )
+    return text
+
+
+def _rate_table(rows: list[list[str]]) -> Block:
+    return Block(
+        "table",
+        caption="Single-stream decode, delivered at the client.",
+        columns=[
+            "Workload",
+            "Configuration",
+            "n",
+            "Mean tok/s",
+            "95 % interval",
+            "Median",
+            "Range",
+            "TTFT",
+            "Of the bound",
+        ],
+        numeric=[False, False, True, True, True, True, True, True, True],
+        rows=rows,
+    )
+
+
+def _decode_plot(
+    findings: Mapping[str, Any], figures: FigureCounter, measurement: Mapping[str, Any],
+    after: Mapping[str, Any], workloads: list[str],
+) -> Block | None:
+    """Every measured run's decode rate, per workload, before and after."""
     panels: dict[str, list[plots.RunSeries]] = {}
     for workload in workloads:
         series = []
@@ -160,8 +187,13 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
             + ". The line is the mean, the band and the bar at the right its 95 % interval.",
             panels=panels,
         )
-        if plot:
-            blocks.append(plot)
+        return plot
+    return None
+
+
+def _claim_blocks(measurement: Mapping[str, Any], workloads: list[str]) -> list[Block]:
+    """The server's own throughput figure beside the delivered rate, and their reconciliation."""
+    blocks: list[Block] = []
     claimed = measurement.get("server_claimed_tps") or {}
     if isinstance(claimed, Mapping) and claimed:
         claim_rows = []
@@ -202,6 +234,12 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
                 )
             )
             blocks.extend(_reconciliation_blocks(measurement, workloads))
+    return blocks
+
+
+def _hidden_blocks(findings: Mapping[str, Any]) -> list[Block]:
+    """What the customer's own settings hide of this evidence from them."""
+    blocks: list[Block] = []
     hidden = hidden_evidence(findings.get("config") or {})
     if hidden:
         hides = "; ".join(f"{h['setting']} hides {h['hides']}" for h in hidden)
@@ -209,7 +247,7 @@ def throughput_section(findings: Mapping[str, Any], figures: FigureCounter, numb
             f"Your configuration hides part of this evidence from you: {hides}. We ran it with that "
             "evidence on to measure the figures here; with your settings your own logs and dashboards "
             "show none of it.")))
-    return StageSection("throughput", number, title, True, blocks)
+    return blocks
 
 
 def _bound_cell(findings: Mapping[str, Any], before: bool, workload: str, measured: bool) -> str:

@@ -71,36 +71,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     bounds = {CUSTOMER: _roofline(customer, facts, section, workloads, ctx.catalog)}
     sections: dict[str, Any] = {}
     if changed:
-        ctx.progress(50, "starting the tuned configuration with cold caches")
-        launched = ctx.session.launch(tuned, cold=True, timeout_s=COLD_START_TIMEOUT_LAB_S)
-        first_boot = None
-        if tuned["serving"]["jit_cache"] == "persisted" and compiled_kernels(ctx, tuned):
-            # A kept JIT cache compiles once on a fresh lab; its users see the starts after
-            # that one (METHODOLOGY.md, "As users see it"): start it cold once more.
-            first_boot = launched.cold_start_s
-            ctx.log(f"the first start compiled the kernels into the kept cache ({first_boot:.1f} lab s); "
-                    "starting it cold once more, as its users will")
-            launched = ctx.session.launch(tuned, cold=True, timeout_s=COLD_START_TIMEOUT_LAB_S)
-        ctx.log(f"tuned configuration serving after a true cold start of {launched.cold_start_s:.1f} lab s")
-        after_samples = [launched.cold_start_s]
-        borrowed = triage_after_samples(ctx, tuned)
-        after_source = f"measure: the tuned configuration's true cold start (n = {len(after_samples)})"
-        if borrowed and len(after_samples) + len(borrowed) >= TUNED_COLD_STARTS:
-            after_samples += borrowed
-            after_source += (f", and the triage's final step (n = {len(borrowed)}): the same loader, "
-                             "JIT cache, NCCL settings and speculative method; only the FP4 backend or the "
-                             "draft length differ, which change nothing a start reads or, with the "
-                             "kernels in the kept cache, compiles")
-            ctx.log("tuned configuration: the triage's final step started the same configuration as far as a "
-                    f"start goes; its {len(borrowed)} true cold start(s) "
-                    f"({', '.join(f'{v:.1f}' for v in borrowed)} lab s) are the other sample(s)")
-        for _ in range(TUNED_COLD_STARTS - len(after_samples)):
-            ctx.check_cancelled()
-            again = ctx.session.launch(tuned, cold=True, timeout_s=COLD_START_TIMEOUT_LAB_S)
-            after_samples.append(again.cold_start_s)
-            ctx.log(f"tuned configuration: another true cold start, {again.cold_start_s:.1f} lab s")
-        if not borrowed or len(after_samples) > 1 + len(borrowed):
-            after_source = f"measure: the tuned configuration's true cold starts (n = {len(after_samples)})"
+        after_samples, after_source, first_boot = _tuned_cold_starts(ctx, tuned)
         ctx.check_cancelled()
         ctx.progress(60, "measuring the tuned configuration")
         after = _measure(ctx, tuned, TUNED, workloads)
@@ -114,29 +85,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         }
         bounds[TUNED] = _roofline(tuned, facts, after, workloads, ctx.catalog)
         # Merged into the triage stage's cold_start section (findings.build_findings).
-        sections["cold_start"] = {
-            "_merge": True,
-            "after_s": round(sum(after_samples) / len(after_samples), 3),
-            "after_samples_s": after_samples,
-            # The interval of the same samples, so that the day's after and its interval are
-            # one measurement wherever the report prints them (the triage's was of its own step).
-            "after_ci95": _rounded_interval(after_samples),
-            "after_source": after_source,
-            **({"after_first_boot_s": first_boot} if first_boot is not None else {}),
-        }
-        before_samples = customer_cold_starts(ctx)
-        if len(before_samples) > 1 and len(after_samples) > 1:
-            test = welch(after_samples, before_samples)
-            sections["cold_start"]["difference"] = {
-                "metric": "cold_start_s", "better": "lower",
-                "before": round(sum(before_samples) / len(before_samples), 3),
-                "after": round(sum(after_samples) / len(after_samples), 3),
-                "diff": round(float(test["diff"]), 3),
-                "ci95": [round(float(v), 3) for v in test["ci95"]],
-                "p": float(test["p"]), "different": bool(test["different"]),
-                "n": [len(before_samples), len(after_samples)],
-                "test": "Welch's unequal-variance t-test, two-sided, alpha 0.05",
-            }
+        sections["cold_start"] = _cold_start_after(ctx, after_samples, after_source, first_boot)
         for w, diff in section["difference"].items():
             lo, hi = diff["ci95"]
             ctx.log(f"{w}: {diff['before']:.2f} -> {diff['after']:.2f} tok/s, difference "
@@ -149,6 +98,72 @@ def run(ctx: StageContext) -> dict[str, Any]:
     sections["measurement"] = section
     ctx.progress(100, "measured" + (" before and after" if changed else ""))
     return {"sections": sections, "tuned_measured": changed}
+
+
+def _tuned_cold_starts(ctx: StageContext, tuned: dict[str, Any]) -> tuple[list[float], str, float | None]:
+    """The tuned configuration's true cold starts as its users will see them, where they come
+    from, and the first start that filled a kept JIT cache (None when none did)."""
+    ctx.progress(50, "starting the tuned configuration with cold caches")
+    launched = ctx.session.launch(tuned, cold=True, timeout_s=COLD_START_TIMEOUT_LAB_S)
+    first_boot = None
+    if tuned["serving"]["jit_cache"] == "persisted" and compiled_kernels(ctx, tuned):
+        # A kept JIT cache compiles once on a fresh lab; its users see the starts after
+        # that one (METHODOLOGY.md, "As users see it"): start it cold once more.
+        first_boot = launched.cold_start_s
+        ctx.log(f"the first start compiled the kernels into the kept cache ({first_boot:.1f} lab s); "
+                "starting it cold once more, as its users will")
+        launched = ctx.session.launch(tuned, cold=True, timeout_s=COLD_START_TIMEOUT_LAB_S)
+    ctx.log(f"tuned configuration serving after a true cold start of {launched.cold_start_s:.1f} lab s")
+    after_samples = [launched.cold_start_s]
+    borrowed = triage_after_samples(ctx, tuned)
+    after_source = f"measure: the tuned configuration's true cold start (n = {len(after_samples)})"
+    if borrowed and len(after_samples) + len(borrowed) >= TUNED_COLD_STARTS:
+        after_samples += borrowed
+        after_source += (f", and the triage's final step (n = {len(borrowed)}): the same loader, "
+                         "JIT cache, NCCL settings and speculative method; only the FP4 backend or the "
+                         "draft length differ, which change nothing a start reads or, with the "
+                         "kernels in the kept cache, compiles")
+        ctx.log("tuned configuration: the triage's final step started the same configuration as far as a "
+                f"start goes; its {len(borrowed)} true cold start(s) "
+                f"({', '.join(f'{v:.1f}' for v in borrowed)} lab s) are the other sample(s)")
+    for _ in range(TUNED_COLD_STARTS - len(after_samples)):
+        ctx.check_cancelled()
+        again = ctx.session.launch(tuned, cold=True, timeout_s=COLD_START_TIMEOUT_LAB_S)
+        after_samples.append(again.cold_start_s)
+        ctx.log(f"tuned configuration: another true cold start, {again.cold_start_s:.1f} lab s")
+    if not borrowed or len(after_samples) > 1 + len(borrowed):
+        after_source = f"measure: the tuned configuration's true cold starts (n = {len(after_samples)})"
+    return after_samples, after_source, first_boot
+
+
+def _cold_start_after(ctx: StageContext, after_samples: list[float], after_source: str,
+                      first_boot: float | None) -> dict[str, Any]:
+    """The cold start after tuning, for the triage's cold_start section, with its difference
+    from the customer's true cold starts."""
+    cold_start: dict[str, Any] = {
+        "_merge": True,
+        "after_s": round(sum(after_samples) / len(after_samples), 3),
+        "after_samples_s": after_samples,
+        # The interval of the same samples, so that the day's after and its interval are
+        # one measurement wherever the report prints them (the triage's was of its own step).
+        "after_ci95": _rounded_interval(after_samples),
+        "after_source": after_source,
+        **({"after_first_boot_s": first_boot} if first_boot is not None else {}),
+    }
+    before_samples = customer_cold_starts(ctx)
+    if len(before_samples) > 1 and len(after_samples) > 1:
+        test = welch(after_samples, before_samples)
+        cold_start["difference"] = {
+            "metric": "cold_start_s", "better": "lower",
+            "before": round(sum(before_samples) / len(before_samples), 3),
+            "after": round(sum(after_samples) / len(after_samples), 3),
+            "diff": round(float(test["diff"]), 3),
+            "ci95": [round(float(v), 3) for v in test["ci95"]],
+            "p": float(test["p"]), "different": bool(test["different"]),
+            "n": [len(before_samples), len(after_samples)],
+            "test": "Welch's unequal-variance t-test, two-sided, alpha 0.05",
+        }
+    return cold_start
 
 
 # What may differ between two configurations whose cold starts count as samples of one:

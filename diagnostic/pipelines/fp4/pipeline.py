@@ -471,6 +471,52 @@ def run_fp4(
     progress(2, "reading the FP4 backend the engine chose")
     cc = stage.compute_capability()
     first = stage.serving_backends()
+    events = _backends_that_ran(stage, first, cc)
+    backend_before = events[0]["backend"] if events else "unknown"
+    layers, table_row = _layers_to_switch(stage, events, backend_before, cc)
+    if table_row is not None:
+        log(
+            f"fp4: the dispatch table has {table_row['id']} for {backend_before} on {stage.engine} "
+            f"{stage.version}, compute capability {cc}: {table_row['status']}"
+        )
+
+    progress(8, f"checking the {backend_before} backend")
+    checks = stage.checks(backend_before, "before")
+    likelihood.judge([checks["likelihood"]], vocab_size=stage.vocab_size())
+    verdict_before, _ = verdict_of(checks["suite"].rate, checks["likelihood"], checks["probe"])
+    rate_before = _rate_without_speculation(stage) if verdict_before != "correct" else stage.rate()
+    before = _candidate_record(
+        stage,
+        backend_before,
+        launch=first,
+        checks=checks,
+        rate=rate_before,
+        cc=cc,
+        expressed=None,
+        status="customer",
+    )
+    candidates = [before]
+
+    chosen: dict[str, Any] | None = None
+    source: dict[str, Any] = {}
+    if verdict_before != "correct":
+        source = _search_correct(stage, first, layers, cc, backend_before, rate_before, candidates)
+    for c in candidates:
+        if c.get("checks"):
+            suite = c["_suite"]
+            c["verdict"], c["failed_checks"] = verdict_of(
+                suite.rate, c["checks"]["likelihood"], c["checks"]["probe"]
+            )
+    verdict_before = before["verdict"]
+    if verdict_before != "correct":
+        correct = [c for c in candidates[1:] if c.get("verdict") == "correct"]
+        chosen = choose(correct, (source.get("preference") or {}).get("order") or [], stage.notes)
+    progress(95, "writing the FP4 section")
+    return _result(stage, config, before, candidates, chosen, table_row, source, layers, cc)
+
+
+def _backends_that_ran(stage: _Stage, first: dict[str, Any], cc: str | None) -> list[dict[str, Any]]:
+    """The FP4 backend of each layer in the customer's launch, with notes on how it is known."""
     # What the log names, and for the layers it does not (SGLang 0.5.23 names its MoE runner
     # while it reads its arguments and no linear backend; 0.5.12 names neither) the flags
     # and the version's default rule.
@@ -503,82 +549,52 @@ def run_fp4(
                if warned else "it is in none of the version's environment lists")
             + "); the backend is chosen by flags alone, and a fix removes the variable"
         )
-    backend_before = events[0]["backend"] if events else "unknown"
-    layers, table_row = _layers_to_switch(stage, events, backend_before, cc)
-    if table_row is not None:
-        log(
-            f"fp4: the dispatch table has {table_row['id']} for {backend_before} on {stage.engine} "
-            f"{stage.version}, compute capability {cc}: {table_row['status']}"
-        )
+    return events
 
-    progress(8, f"checking the {backend_before} backend")
-    checks = stage.checks(backend_before, "before")
-    likelihood.judge([checks["likelihood"]], vocab_size=stage.vocab_size())
-    verdict_before, _ = verdict_of(checks["suite"].rate, checks["likelihood"], checks["probe"])
-    rate_before = _rate_without_speculation(stage) if verdict_before != "correct" else stage.rate()
-    before = _candidate_record(
-        stage,
-        backend_before,
-        launch=first,
-        checks=checks,
-        rate=rate_before,
-        cc=cc,
-        expressed=None,
-        status="customer",
+
+def _search_correct(
+    stage: _Stage, first: Mapping[str, Any], layers: list[str], cc: str | None, backend_before: str,
+    rate_before: dict[str, Any] | None, candidates: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The customer's backend is wrong: try the others the engine accepts on this device
+    until a correct one as fast as the default is found (adding each to `candidates`).
+    Returns where the list of backends and their order came from."""
+    stage.progress(25, "learning the backends the engine accepts")
+    supported, source = _discover(stage, layers)
+    order, where = _preference(stage, first.get("preference") or [], layers, cc)
+    source["preference"] = {"order": order, "from": where}
+    runnable, cannot = _runnable(stage, [b for b in supported if b != backend_before], layers[:1], cc,
+                                 order)
+    source["not_tried"] = cannot
+    candidates.extend(
+        _candidate_record(stage, b, launch=None, checks=None, rate=None, cc=cc, expressed=None,
+                          status="skipped", reason=why)
+        for b, why in cannot.items()
     )
-    candidates = [before]
-
-    chosen: dict[str, Any] | None = None
-    source: dict[str, Any] = {}
-    if verdict_before != "correct":
-        progress(25, "learning the backends the engine accepts")
-        supported, source = _discover(stage, layers)
-        order, where = _preference(stage, first.get("preference") or [], layers, cc)
-        source["preference"] = {"order": order, "from": where}
-        runnable, cannot = _runnable(stage, [b for b in supported if b != backend_before], layers[:1], cc,
-                                     order)
-        source["not_tried"] = cannot
+    if cannot:
+        stage.log(f"fp4: not trying {', '.join(cannot)} (the dispatch table: no NVFP4 on this device)")
+    untried = _try_until_free(stage, runnable, layers, cc, rate_before, candidates)
+    # Likelihood is judged against the best perplexity measured on this lab.
+    likelihood.judge(
+        [c["checks"]["likelihood"] for c in candidates if c.get("checks")], vocab_size=stage.vocab_size()
+    )
+    if untried and not any(
+        verdict_of(c["_suite"].rate, c["checks"]["likelihood"], c["checks"]["probe"])[0] == "correct"
+        for c in candidates[1:] if c.get("checks")
+    ):
+        # The backend that ended the search failed the likelihood check after all: the
+        # ones left untried are tried after all.
+        stage.notes = [n for n in stage.notes if not n.startswith(FREE_NOTE)]
+        _try_until_free(stage, list(untried), layers, cc, None, candidates)
+        checked = [c["checks"]["likelihood"] for c in candidates if c.get("checks")]
+        likelihood.judge(checked, vocab_size=stage.vocab_size())
+    else:
         candidates.extend(
             _candidate_record(stage, b, launch=None, checks=None, rate=None, cc=cc, expressed=None,
-                              status="skipped", reason=why)
-            for b, why in cannot.items()
+                              status="skipped", reason=untried_reason)
+            for b, untried_reason in untried.items()
         )
-        if cannot:
-            log(f"fp4: not trying {', '.join(cannot)} (the dispatch table: no NVFP4 on this device)")
-        others = runnable
-        untried = _try_until_free(stage, others, layers, cc, rate_before, candidates)
-        # Likelihood is judged against the best perplexity measured on this lab.
-        likelihood.judge(
-            [c["checks"]["likelihood"] for c in candidates if c.get("checks")], vocab_size=stage.vocab_size()
-        )
-        if untried and not any(
-            verdict_of(c["_suite"].rate, c["checks"]["likelihood"], c["checks"]["probe"])[0] == "correct"
-            for c in candidates[1:] if c.get("checks")
-        ):
-            # The backend that ended the search failed the likelihood check after all: the
-            # ones left untried are tried after all.
-            stage.notes = [n for n in stage.notes if not n.startswith(FREE_NOTE)]
-            _try_until_free(stage, list(untried), layers, cc, None, candidates)
-            checked = [c["checks"]["likelihood"] for c in candidates if c.get("checks")]
-            likelihood.judge(checked, vocab_size=stage.vocab_size())
-        else:
-            candidates.extend(
-                _candidate_record(stage, b, launch=None, checks=None, rate=None, cc=cc, expressed=None,
-                                  status="skipped", reason=untried_reason)
-                for b, untried_reason in untried.items()
-            )
-    for c in candidates:
-        if c.get("checks"):
-            suite = c["_suite"]
-            c["verdict"], c["failed_checks"] = verdict_of(
-                suite.rate, c["checks"]["likelihood"], c["checks"]["probe"]
-            )
-    verdict_before = before["verdict"]
-    if verdict_before != "correct":
-        correct = [c for c in candidates[1:] if c.get("verdict") == "correct"]
-        chosen = choose(correct, (source.get("preference") or {}).get("order") or [], stage.notes)
-    progress(95, "writing the FP4 section")
-    return _result(stage, config, before, candidates, chosen, table_row, source, layers, cc)
+    return source
 
 
 FREE_NOTE = "the search stopped at the first correct backend as fast as the default"
@@ -937,13 +953,7 @@ def _result(
         "layers": layers,
         "compute_capability": cc,
         "engine": {"name": stage.engine, "version": stage.version},
-        "canary_set": {
-            "name": stage.canary_set.name,
-            "sha256": stage.canary_set.sha256,
-            "size": len(stage.canary_set),
-            "base": stage.canary_set.base,
-            "extend_by": stage.canary_set.extend_by,
-        },
+        "canary_set": _canary_set(stage),
         "canaries": suite_before.rate.n,
         "canary_pass_rate": {
             "before": round(suite_before.rate.rate, 4),
@@ -972,16 +982,7 @@ def _result(
             "after": chosen["_suite"].examples() if chosen else [],
         },
         "speed_cost": _speed_cost(before.get("rate"), chosen.get("rate")) if chosen else None,
-        "protocol": {
-            "measure_n": stage.measure_n,
-            "measure_warmup": MEASURE_WARMUP,
-            "measure_max_tokens": stage.measure_max_tokens,
-            "healthy_at": HEALTHY,
-            "garbage_below": GARBAGE,
-            "canary_cap": stage.canary_cap or len(stage.canary_set),
-            "perplexity_max_ratio": likelihood.MAX_RATIO,
-            "probe_seed": stage.probe_seed,
-        },
+        "protocol": _protocol(stage),
         "notes": stage.notes
         + (
             ["the default backend passed every check; no other backend was tried"]
@@ -1012,6 +1013,29 @@ def _result(
         "config_changes": config_changes,
         "lab_time_s": lab_time,
         "tuned_config": apply_changes(config, config_changes) if config_changes else None,
+    }
+
+
+def _canary_set(stage: _Stage) -> dict[str, Any]:
+    return {
+        "name": stage.canary_set.name,
+        "sha256": stage.canary_set.sha256,
+        "size": len(stage.canary_set),
+        "base": stage.canary_set.base,
+        "extend_by": stage.canary_set.extend_by,
+    }
+
+
+def _protocol(stage: _Stage) -> dict[str, Any]:
+    return {
+        "measure_n": stage.measure_n,
+        "measure_warmup": MEASURE_WARMUP,
+        "measure_max_tokens": stage.measure_max_tokens,
+        "healthy_at": HEALTHY,
+        "garbage_below": GARBAGE,
+        "canary_cap": stage.canary_cap or len(stage.canary_set),
+        "perplexity_max_ratio": likelihood.MAX_RATIO,
+        "probe_seed": stage.probe_seed,
     }
 
 

@@ -204,13 +204,24 @@ def measure_endpoint(
     windows = _log_windows(log_text, engine, version) if log_source is not None else []
     if log_source is not None and not windows:
         warnings.append("the engine log had no stats lines over the measurement; no log-based claim")
-    result: dict[str, Any] = {
+    result = _result(records, windows, chosen, log_resolution_s, header={
         "schema": MEASUREMENT_SCHEMA,
         "endpoint": normalize_endpoint(endpoint),
         "model": model,
         "api": api,
         "protocol": _protocol(n, warmup, max_tokens, counter, chosen, api, request_timeout_s),
-    }
+    })
+    result["warnings"] = warnings
+    return result
+
+
+def _result(
+    records: list[WorkloadRecord], windows: list[Any], chosen: list[Workload], log_resolution_s: float, *,
+    header: dict[str, Any],
+) -> dict[str, Any]:
+    """The measurement's section: each workload's record set beside the server's claim, the
+    claims, their reconciliation and the findings."""
+    result = dict(header)
     for record in records:
         _set_beside_the_claim(record, windows, log_resolution_s)
         result[record.name] = record.section
@@ -227,7 +238,6 @@ def measure_endpoint(
     tested = sorted({c["code"] for r in records for c in r.causes})
     result["cause_descriptions"] = {code: claims.CAUSES[code] for code in tested}
     result["findings"] = _findings(result, chosen)
-    result["warnings"] = warnings
     return result
 
 

@@ -736,6 +736,276 @@ def ruled_out_by_bound(run: _Run, setting: Setting, workloads: Sequence[str]) ->
     return "its own acceptance and step time bound it below the leader: " + "; ".join(said)
 
 
+@dataclass
+class _Space:
+    """What the search ranges over: the methods this lab can run for the model (with why
+    each other is not tried), the draft for EAGLE-3, and every (method, k) setting."""
+
+    methods: list[str]
+    draft: str | None
+    engine: str
+    notes: dict[str, str]
+    k_max: int
+    settings: list[Setting]
+
+
+def _search_space(session: LabSession, config: Mapping[str, Any], customer: Setting) -> _Space:
+    """The space: none, n-gram, EAGLE-3 where a draft is named, MTP where the model has heads."""
+    customer_spec = config.get("speculative")
+    catalog = load_catalog()
+    model_id = str(config["model"]["id"])
+    draft = (
+        customer_spec.get("draft_model")
+        if customer_spec and customer_spec.get("method") == "eagle3"
+        else None
+    )
+    catalog_drafts = catalog.drafts_for(model_id, "eagle3")
+    draft_source = "the customer's configuration" if draft else None
+    unheld: list[str] = []
+    if not draft:
+        # A public draft is tried only where the lab holds a copy, and named by its path
+        # there (the nodes are offline: a hub id would not load).
+        for candidate in catalog_drafts:
+            path = lab_draft(session, str(config["model"].get("path") or model_id), candidate.id) \
+                or lab_draft(session, model_id, candidate.id)
+            if path is None:
+                unheld.append(candidate.id)
+                continue
+            draft, draft_source = (
+                path,
+                f"draft catalog {catalog.version} ({candidate.source}), the lab's copy of {candidate.id}",
+            )
+            break
+    mtp_heads = model_mtp_heads(session)
+    # Searched in this order within each round: heads or a draft trained for the model
+    # before n-gram, which needs neither and is rarely the fastest; a refused method costs
+    # one restart.
+    methods = ["eagle3"] if draft else []
+    if (mtp_heads or 0) > 0 or customer.method == "mtp":
+        methods.append("mtp")
+    engine = str(config["engine"]["name"])
+    no_ngram = ngram_note(engine, str(config["engine"].get("version") or ""))
+    if no_ngram is None:
+        methods.append("ngram")
+    notes = {
+        "eagle3": f"draft {draft} from {draft_source}"
+        if draft
+        else f"not tried: the draft catalog {catalog.version} names {', '.join(unheld)} for {model_id}, "
+        "which this lab holds no copy of"
+        if unheld
+        else f"not tried: neither the configuration nor the draft catalog {catalog.version} "
+        f"names a draft for {model_id}",
+        "ngram": no_ngram
+        or ("tried: SGLang's n-gram drafts a tree; its size (--speculative-num-draft-tokens, k + 1) is "
+            "the parameter searched" if engine == "sglang" else "tried"),
+        "mtp": (
+            "tried: the model's config.json declares MTP heads"
+            if (mtp_heads or 0) > 0
+            else "tried: the customer's setting"
+            if customer.method == "mtp"
+            else "not tried: the model's config.json declares no MTP heads"
+            if mtp_heads == 0
+            else "not tried: the model's config.json could not be read"
+        ),
+    }
+    k_max = MAX_SPEC_TOKENS
+    settings = [NO_SPECULATION] + [Setting(m, k) for m in methods for k in range(1, k_max + 1)]
+    return _Space(methods=methods, draft=draft, engine=engine, notes=notes, k_max=k_max, settings=settings)
+
+
+class _Search:
+    """One day's search over its space: what search_k asks of the run (screen a setting,
+    may we afford it, is it below the leader, does a bound rule it out, what the model
+    predicts), and the confirmations around it."""
+
+    def __init__(self, run: _Run, space: _Space, customer: Setting, customer_spec: Any,
+                 share: Mapping[str, float], *, log: Log, progress: Progress) -> None:
+        self.run, self.space, self.customer, self.customer_spec = run, space, customer, customer_spec
+        self.share, self.log, self.progress = share, log, progress
+        self.workloads = run.workloads
+
+    def spec_for(self, setting: Setting) -> Any:
+        return speculative_block(setting, self.space.draft, self.customer_spec, engine=self.space.engine)
+
+    def confirm_reserve(self) -> float:
+        # The finalists (customer, each workload's best, the mix's best) as screened so far:
+        # what the decision cannot do without. No speculation, when harm is open, was
+        # confirmed in step 1 already.
+        run = self.run
+        if not run.costs.known:
+            return 0.0
+        must, _ = choose_finalists(run.runs_read(), self.customer, self.workloads, self.share,
+                                   run.predicted(self.space.k_max), run.refused())
+        # With a margin: a confirmation's runs take longer than the trials so far priced them
+        # when the lab (or the machine simulating it) slows, and the finalists are confirmed
+        # whatever the budget says, since the decision cannot do without them.
+        return CONFIRM_MARGIN * sum(
+            run.costs.trial_s(s, self.workloads, run.confirm_protocol) for s in must if s not in run.confirmed
+        )
+
+    def afford(self, setting: Setting) -> bool:
+        if setting in self.run.screened or setting in self.run.confirmed_rows:
+            return True  # measured already: asking again costs nothing
+        return self.run.afford(setting, self.run.screen_protocol, self.confirm_reserve())
+
+    def screen_one(self, setting: Setting) -> Mapping[str, float] | None:
+        return self.run.screen(setting, self.spec_for(setting))
+
+    def below_leader(self, setting: Setting, workload: str) -> bool:
+        read = self.run.runs_read()
+        rated = {s: v[workload] for s, v in read.items() if len(v.get(workload) or ()) >= 2}
+        if setting not in rated or not rated:
+            return False
+        leader = max(rated, key=lambda s: ranking_mean(rated[s]))
+        return leader != setting and below_p(rated[setting], rated[leader]) < PRUNE_ALPHA
+
+    def bounded_out(self, setting: Setting) -> str | None:
+        why = ruled_out_by_bound(self.run, setting, self.workloads)
+        if why:
+            self.log(f"specdec: {setting.label} not screened: {why}")
+        return why
+
+    def predict(self, method: str) -> dict[str, dict[int, float]]:
+        model = self.run.model()
+        return {w: model.curve(method, w) for w in self.workloads}
+
+    def references(self, session: LabSession, none_runs: Mapping[str, Any] | None) -> None:
+        """Step 1. The customer's setting is in every decision, so it is confirmed straight
+        away (fresh n = 15, never screened) and the search reads its confirmed means where it
+        would have screened it: a restart fewer. No speculation, the other reference, is
+        screened next (first when the engine already serves it, as after an FP4 stage that
+        measured speed without speculation): most days its short runs settle that the
+        customer's setting is faster than it, which is all the decision asks of it unless it
+        is a finalist."""
+        run, customer, progress = self.run, self.customer, self.progress
+        none_serving = customer != NO_SPECULATION and session.serves(run.config_for(None))
+        if none_serving:
+            if none_runs and run.adopt_screen(NO_SPECULATION, none_runs):
+                progress(3.0, "no speculation: screened by an earlier stage's runs")
+            else:
+                progress(3.0, "screening no speculation (the engine serves it)")
+                run.screen(NO_SPECULATION, None)
+        progress(4.0, f"confirming {customer.label}")
+        run.confirm(customer, self.customer_spec)
+        if customer == NO_SPECULATION:
+            return
+        if not none_serving:
+            progress(5.0, "screening no speculation")
+            run.screen(NO_SPECULATION, None)
+        open_first = none_open(run.runs_read(), customer, self.workloads)
+        if open_first:
+            # Harm is the question: confirm it now (on the engine that serves it, unless it
+            # was screened before the customer's setting).
+            self.log(f"specdec: no speculation confirmed: on {', '.join(open_first)} its screening runs "
+                     f"leave open whether {customer.label} is slower than it")
+            run.confirm(NO_SPECULATION, None)
+
+    def screen_methods(self) -> list[KSearch]:
+        """Step 2. Screening: the methods' k-searches, interleaved. Every method first screens
+        its seed lengths; then each takes one refinement trial in turn, so that the method
+        searched last is not the one the budget starves. A search resumed with one more trial
+        allowed replays its measured lengths from the cache (no restart) and takes the next
+        one; it is finished when it stops for any reason but that allowance."""
+        methods, customer = self.space.methods, self.customer
+        # Seeds: the customer's length for their method, the common default for EAGLE-3, and
+        # the default as a first probe of a method the customer does not use. Where the
+        # engine reports acceptance per position, one trial at a length gives the model every
+        # shorter length (model.py), so short seeds would add nothing; where it does not,
+        # lengths 1 and 2 are screened too and the search refines on measured rates.
+        seeds: dict[str, set[int]] = {}
+        for method in methods:
+            seeds[method] = {customer.k} if method == customer.method else set()
+            if method == "eagle3" or not seeds[method]:
+                seeds[method].add(DEFAULT_K)
+        found_by: dict[str, KSearch] = {}
+        allowed = {m: len(seeds[m]) + len(FALLBACK_SEEDS) for m in methods}
+        active = list(methods)
+        while active:
+            for method in list(active):
+                found = search_k(
+                    method,
+                    self.workloads,
+                    self.screen_one,
+                    k_max=self.space.k_max,
+                    seeds=seeds[method],
+                    afford=self.afford,
+                    below_leader=self.below_leader,
+                    max_trials=min(allowed[method], MAX_TRIALS_PER_METHOD),
+                    predict=self.predict,
+                    fallback_seeds=FALLBACK_SEEDS,
+                    ruled_out=self.bounded_out,
+                )
+                found_by[method] = found
+                limited = found.stopped.startswith("trial limit")
+                if limited and allowed[method] < MAX_TRIALS_PER_METHOD:
+                    allowed[method] = len(found.order) + len(found.refused) + 1
+                    continue
+                active.remove(method)
+                self.log(
+                    f"specdec: {method} search: measured k = {found.order}, refused {found.refused}; "
+                    f"{found.stopped}"
+                )
+        return [found_by[m] for m in methods]
+
+    def confirm_finalists(self, budget: float) -> _Shortlist:
+        """Step 3. Finalists: each workload's best screened setting (the customer's, and no
+        speculation when harm was open, are confirmed already); then each workload's
+        runner-up, while the budget allows."""
+        run, customer, workloads = self.run, self.customer, self.workloads
+        predicted = run.predicted(self.space.k_max)
+        finalists, runner_ups = choose_finalists(
+            run.runs_read(), customer, workloads, self.share, predicted, run.refused()
+        )
+        skipped: list[dict[str, Any]] = []
+        todo = [
+            s
+            for s in finalists + runner_ups
+            if s not in run.confirmed and not (s in run.screened and run.screened[s] is None)
+        ]  # confirmed first, or refused: it will not start now either
+        # The setting the engine still runs (the one screened last) first: confirmed without a restart.
+        todo.sort(key=lambda s: s != run.serving)
+        for setting in todo:
+            if setting not in finalists:
+                # Runner-ups only with the remaining finalists' confirmations paid for.
+                reserve = sum(
+                    run.costs.trial_s(s, workloads, run.confirm_protocol)
+                    for s in todo
+                    if s in finalists and s not in run.confirmed and s != setting
+                )
+                if not run.afford(setting, run.confirm_protocol, reserve):
+                    skipped.append({**setting.as_dict(), "why": "lab-time budget"})
+                    self.log(f"specdec: runner-up {setting.label} not confirmed: the budget would be "
+                             "exceeded")
+                    continue
+            self.progress(min(95.0, 5.0 + 90.0 * run.spent() / budget), f"confirming {setting.label}")
+            run.confirm(setting, self.spec_for(setting) if setting != customer else self.customer_spec)
+        return _Shortlist(finalists, runner_ups, skipped, predicted)
+
+    def confirm_length(self, budget: float) -> dict[str, Any]:
+        """What the confirmations would have cost at the protocol's 512 tokens a run."""
+        run = self.run
+        confirmed_settings = list(run.confirmed)
+        screening_s = sum(
+            float(row["lab_s"])
+            for row in {t["trial"]: t for t in run.trials if t["phase"] == "screen"}.values()
+        )
+        at_full = sum(run.costs.trial_s(s, self.workloads, FULL_PROTOCOL) for s in confirmed_settings)
+        fits_full = screening_s + at_full <= budget
+        return {
+            "max_tokens": run.confirm_protocol.max_tokens,
+            "protocol_max_tokens": FULL_PROTOCOL.max_tokens,
+            "confirmed_settings": len(confirmed_settings),
+            "screening_s": round(screening_s, 1),
+            "estimate_at_protocol_s": round(at_full, 1),
+            "fits_budget_at_protocol": fits_full,
+            "why": (
+                f"at the protocol's {FULL_PROTOCOL.max_tokens} tokens a run the {len(confirmed_settings)} "
+                f"confirmations would have taken about {at_full:.0f} lab s, with {screening_s:.0f} of "
+                f"screening {'within' if fits_full else 'over'} the {budget:.0f} lab s budget"
+            ),
+        }
+
+
 def run_specdec(
     session: LabSession,
     config: Mapping[str, Any],
@@ -777,240 +1047,16 @@ def run_specdec(
     customer = setting_of(config)
     customer_spec = config.get("speculative")
     share = {w: float((weights or {}).get(w, 1.0 if weights is None else 0.0)) for w in workloads}
-
-    # The space: none, n-gram, EAGLE-3 where a draft is named, MTP where the model has heads.
-    catalog = load_catalog()
-    model_id = str(config["model"]["id"])
-    draft = (
-        customer_spec.get("draft_model")
-        if customer_spec and customer_spec.get("method") == "eagle3"
-        else None
-    )
-    catalog_drafts = catalog.drafts_for(model_id, "eagle3")
-    draft_source = "the customer's configuration" if draft else None
-    unheld: list[str] = []
-    if not draft:
-        # A public draft is tried only where the lab holds a copy, and named by its path
-        # there (the nodes are offline: a hub id would not load).
-        for candidate in catalog_drafts:
-            path = lab_draft(session, str(config["model"].get("path") or model_id), candidate.id) \
-                or lab_draft(session, model_id, candidate.id)
-            if path is None:
-                unheld.append(candidate.id)
-                continue
-            draft, draft_source = (
-                path,
-                f"draft catalog {catalog.version} ({candidate.source}), the lab's copy of {candidate.id}",
-            )
-            break
-    mtp_heads = model_mtp_heads(session)
-    # Searched in this order within each round: heads or a draft trained for the model
-    # before n-gram, which needs neither and is rarely the fastest; a refused method costs
-    # one restart.
-    methods = ["eagle3"] if draft else []
-    if (mtp_heads or 0) > 0 or customer.method == "mtp":
-        methods.append("mtp")
-    engine = str(config["engine"]["name"])
-    no_ngram = ngram_note(engine, str(config["engine"].get("version") or ""))
-    if no_ngram is None:
-        methods.append("ngram")
-    space_note = {
-        "eagle3": f"draft {draft} from {draft_source}"
-        if draft
-        else f"not tried: the draft catalog {catalog.version} names {', '.join(unheld)} for {model_id}, "
-        "which this lab holds no copy of"
-        if unheld
-        else f"not tried: neither the configuration nor the draft catalog {catalog.version} "
-        f"names a draft for {model_id}",
-        "ngram": no_ngram
-        or ("tried: SGLang's n-gram drafts a tree; its size (--speculative-num-draft-tokens, k + 1) is "
-            "the parameter searched" if engine == "sglang" else "tried"),
-        "mtp": (
-            "tried: the model's config.json declares MTP heads"
-            if (mtp_heads or 0) > 0
-            else "tried: the customer's setting"
-            if customer.method == "mtp"
-            else "not tried: the model's config.json declares no MTP heads"
-            if mtp_heads == 0
-            else "not tried: the model's config.json could not be read"
-        ),
-    }
-    k_max = MAX_SPEC_TOKENS
-    space = [NO_SPECULATION] + [Setting(m, k) for m in methods for k in range(1, k_max + 1)]
+    space = _search_space(session, config, customer)
     log(
-        f"specdec: space {', '.join(['none', *methods])} x k = 1..{k_max}; customer's setting "
+        f"specdec: space {', '.join(['none', *space.methods])} x k = 1..{space.k_max}; customer's setting "
         f"{customer.label}; budget {budget:.0f} lab s"
     )
-
-    def spec_for(setting: Setting) -> Any:
-        return speculative_block(setting, draft, customer_spec, engine=engine)
-
-    def confirm_reserve() -> float:
-        # The finalists (customer, each workload's best, the mix's best) as screened so far:
-        # what the decision cannot do without. No speculation, when harm is open, was
-        # confirmed in step 1 already.
-        if not run.costs.known:
-            return 0.0
-        must, _ = choose_finalists(
-            run.runs_read(), customer, workloads, share, run.predicted(k_max), run.refused()
-        )
-        # With a margin: a confirmation's runs take longer than the trials so far priced them
-        # when the lab (or the machine simulating it) slows, and the finalists are confirmed
-        # whatever the budget says, since the decision cannot do without them.
-        return CONFIRM_MARGIN * sum(
-            run.costs.trial_s(s, workloads, run.confirm_protocol) for s in must if s not in run.confirmed
-        )
-
-    def afford(setting: Setting) -> bool:
-        if setting in run.screened or setting in run.confirmed_rows:
-            return True  # measured already: asking again costs nothing
-        return run.afford(setting, run.screen_protocol, confirm_reserve())
-
-    # 1. The customer's setting is in every decision, so it is confirmed straight away
-    #    (fresh n = 15, never screened) and the search reads its confirmed means where it
-    #    would have screened it: a restart fewer. No speculation, the other reference, is
-    #    screened next (first when the engine already serves it, as after an FP4 stage
-    #    that measured speed without speculation): most days its short runs settle that
-    #    the customer's setting is faster than it, which is all the decision asks of it
-    #    unless it is a finalist.
-    none_serving = customer != NO_SPECULATION and session.serves(run.config_for(None))
-    if none_serving:
-        if none_runs and run.adopt_screen(NO_SPECULATION, none_runs):
-            progress(3.0, "no speculation: screened by an earlier stage's runs")
-        else:
-            progress(3.0, "screening no speculation (the engine serves it)")
-            run.screen(NO_SPECULATION, None)
-    progress(4.0, f"confirming {customer.label}")
-    run.confirm(customer, customer_spec)
-    if customer != NO_SPECULATION:
-        if not none_serving:
-            progress(5.0, "screening no speculation")
-            run.screen(NO_SPECULATION, None)
-        open_first = none_open(run.runs_read(), customer, workloads)
-        if open_first:
-            # Harm is the question: confirm it now (on the engine that serves it, unless it
-            # was screened before the customer's setting).
-            log(f"specdec: no speculation confirmed: on {', '.join(open_first)} its screening runs leave "
-                f"open whether {customer.label} is slower than it")
-            run.confirm(NO_SPECULATION, None)
-    # 2. Screening: the methods' k-searches, interleaved. Every method first screens its
-    #    seed lengths; then each takes one refinement trial in turn, so that the method
-    #    searched last is not the one the budget starves. A search resumed with one more
-    #    trial allowed replays its measured lengths from the cache (no restart) and takes
-    #    the next one; it is finished when it stops for any reason but that allowance.
-    def screen_one(setting: Setting) -> Mapping[str, float] | None:
-        return run.screen(setting, spec_for(setting))
-
-    def below_leader(setting: Setting, workload: str) -> bool:
-        read = run.runs_read()
-        rated = {s: v[workload] for s, v in read.items() if len(v.get(workload) or ()) >= 2}
-        if setting not in rated or not rated:
-            return False
-        leader = max(rated, key=lambda s: ranking_mean(rated[s]))
-        return leader != setting and below_p(rated[setting], rated[leader]) < PRUNE_ALPHA
-
-    def bounded_out(setting: Setting) -> str | None:
-        why = ruled_out_by_bound(run, setting, workloads)
-        if why:
-            log(f"specdec: {setting.label} not screened: {why}")
-        return why
-
-    # Seeds: the customer's length for their method, the common default for EAGLE-3, and
-    # the default as a first probe of a method the customer does not use. Where the engine
-    # reports acceptance per position, one trial at a length gives the model every shorter
-    # length (model.py), so short seeds would add nothing; where it does not, lengths 1 and
-    # 2 are screened too and the search refines on measured rates.
-    seeds: dict[str, set[int]] = {}
-    for method in methods:
-        seeds[method] = {customer.k} if method == customer.method else set()
-        if method == "eagle3" or not seeds[method]:
-            seeds[method].add(DEFAULT_K)
-
-    def predict(method: str) -> dict[str, dict[int, float]]:
-        model = run.model()
-        return {w: model.curve(method, w) for w in workloads}
-    found_by: dict[str, KSearch] = {}
-    allowed = {m: len(seeds[m]) + len(FALLBACK_SEEDS) for m in methods}
-    active = list(methods)
-    while active:
-        for method in list(active):
-            found = search_k(
-                method,
-                workloads,
-                screen_one,
-                k_max=k_max,
-                seeds=seeds[method],
-                afford=afford,
-                below_leader=below_leader,
-                max_trials=min(allowed[method], MAX_TRIALS_PER_METHOD),
-                predict=predict,
-                fallback_seeds=FALLBACK_SEEDS,
-                ruled_out=bounded_out,
-            )
-            found_by[method] = found
-            limited = found.stopped.startswith("trial limit")
-            if limited and allowed[method] < MAX_TRIALS_PER_METHOD:
-                allowed[method] = len(found.order) + len(found.refused) + 1
-                continue
-            active.remove(method)
-            log(
-                f"specdec: {method} search: measured k = {found.order}, refused {found.refused}; "
-                f"{found.stopped}"
-            )
-    searches = [found_by[m] for m in methods]
-
-    # 3. Finalists: each workload's best screened setting (the customer's, and no
-    #    speculation when harm was open, are confirmed already); then each workload's
-    #    runner-up, while the budget allows.
-    predicted = run.predicted(k_max)
-    finalists, runner_ups = choose_finalists(
-        run.runs_read(), customer, workloads, share, predicted, run.refused()
-    )
-    skipped: list[dict[str, Any]] = []
-    todo = [
-        s
-        for s in finalists + runner_ups
-        if s not in run.confirmed and not (s in run.screened and run.screened[s] is None)
-    ]  # confirmed first, or refused: it will not start now either
-    # The setting the engine still runs (the one screened last) first: confirmed without a restart.
-    todo.sort(key=lambda s: s != run.serving)
-    for setting in todo:
-        essential = setting in finalists
-        if not essential:
-            # Runner-ups only with the remaining finalists' confirmations paid for.
-            reserve = sum(
-                run.costs.trial_s(s, workloads, run.confirm_protocol)
-                for s in todo
-                if s in finalists and s not in run.confirmed and s != setting
-            )
-            if not run.afford(setting, run.confirm_protocol, reserve):
-                skipped.append({**setting.as_dict(), "why": "lab-time budget"})
-                log(f"specdec: runner-up {setting.label} not confirmed: the budget would be exceeded")
-                continue
-        progress(min(95.0, 5.0 + 90.0 * run.spent() / budget), f"confirming {setting.label}")
-        run.confirm(setting, spec_for(setting) if setting != customer else customer_spec)
-
-    # What the confirmations would have cost at the protocol's 512 tokens a run.
-    confirmed_settings = list(run.confirmed)
-    screening_s = sum(
-        float(row["lab_s"])
-        for row in {t["trial"]: t for t in run.trials if t["phase"] == "screen"}.values()
-    )
-    at_full = sum(run.costs.trial_s(s, workloads, FULL_PROTOCOL) for s in confirmed_settings)
-    fits_full = screening_s + at_full <= budget
-    confirm_length = {
-        "max_tokens": run.confirm_protocol.max_tokens,
-        "protocol_max_tokens": FULL_PROTOCOL.max_tokens,
-        "confirmed_settings": len(confirmed_settings),
-        "screening_s": round(screening_s, 1),
-        "estimate_at_protocol_s": round(at_full, 1),
-        "fits_budget_at_protocol": fits_full,
-        "why": (
-            f"at the protocol's {FULL_PROTOCOL.max_tokens} tokens a run the {len(confirmed_settings)} "
-            f"confirmations would have taken about {at_full:.0f} lab s, with {screening_s:.0f} of "
-            f"screening {'within' if fits_full else 'over'} the {budget:.0f} lab s budget"
-        ),
-    }
+    search = _Search(run, space, customer, customer_spec, share, log=log, progress=progress)
+    search.references(session, none_runs)
+    searches = search.screen_methods()
+    shortlist = search.confirm_finalists(budget)
+    confirm_length = search.confirm_length(budget)
 
     # 4. The decision. No speculation's screening runs stand in for its confirmation where
     #    it was not confirmed (none_open above says when that is enough).
@@ -1022,39 +1068,12 @@ def run_specdec(
             decisions[w] = decision
     deployment = choose_deployed(run.confirmed, customer, share)
     lab_time = round(run.spent(), 3)
-    sweep = round(run.costs.sweep_s(space, workloads), 1)
-    section = _section(
-        run,
-        customer,
-        customer_spec,
-        decisions,
-        deployment,
-        searches,
-        finalists,
-        runner_ups,
-        skipped,
-        methods,
-        space_note,
-        k_max,
-        space,
-        budget,
-        lab_time,
-        sweep,
-        share,
-        confirm_length,
-    )
-    # The acceptance model the search and the finalists followed, with what it predicted for
-    # the settings confirmed (the decision read their fresh runs, not this).
-    section["rate_model"] = {
-        **run.model().describe(),
-        "predicted_at_finalists": {
-            s.label: {w: round(v, 3) for w, v in (predicted.get(s) or {}).items()}
-            for s in finalists + runner_ups
-        },
-    }
+    sweep = round(run.costs.sweep_s(space.settings, workloads), 1)
+    section = _section(search, decisions, deployment, searches, shortlist,
+                       _Spend(budget, lab_time, sweep, confirm_length))
     deployed = deployment.setting if deployment else customer
     findings, changes = _findings(
-        run, customer, customer_spec, decisions, deployment, spec_for(deployed), section
+        run, customer, customer_spec, decisions, deployment, search.spec_for(deployed), section
     )
     if changes:
         tuned = apply_changes(config, changes)
@@ -1085,34 +1104,32 @@ def _block(run: _Run, setting: Setting, workload: str) -> dict[str, Any] | None:
     return None
 
 
-def _section(
-    run: _Run,
-    customer: Setting,
-    customer_spec: Any,
-    decisions: Mapping[str, WorkloadDecision],
-    deployment: Deployment | None,
-    searches: Sequence[KSearch],
-    finalists: Sequence[Setting],
-    runner_ups: Sequence[Setting],
-    skipped: list[dict[str, Any]],
-    methods: Sequence[str],
-    space_note: Mapping[str, str],
-    k_max: int,
-    space: Sequence[Setting],
-    budget: float,
-    lab_time: float,
-    sweep: float,
-    share: Mapping[str, float],
-    confirm_length: Mapping[str, Any],
-) -> dict[str, Any]:
-    workloads = run.workloads
-    baseline: dict[str, Any] = {**customer.as_dict(), "draft_model": (customer_spec or {}).get("draft_model")}
-    none: dict[str, Any] = {"method": None, "k": 0}
+@dataclass
+class _Shortlist:
+    """Step 3's outcome: the finalists, the runner-ups, those not confirmed (with why), and
+    what the rate model predicted for each setting when they were chosen."""
+
+    finalists: list[Setting]
+    runner_ups: list[Setting]
+    skipped: list[dict[str, Any]]
+    predicted: Mapping[Setting, Mapping[str, float]]
+
+
+@dataclass
+class _Spend:
+    budget: float
+    lab_time: float
+    sweep: float
+    confirm_length: Mapping[str, Any]
+
+
+def _best_blocks(
+    run: _Run, customer: Setting, decisions: Mapping[str, WorkloadDecision]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each workload's fastest setting with its tests, and its verdict."""
     best: dict[str, Any] = {}
     verdicts: dict[str, str] = {}
-    for w in workloads:
-        baseline[w] = _block(run, customer, w)
-        none[w] = _block(run, NO_SPECULATION, w)
+    for w in run.workloads:
         d = decisions.get(w)
         if d is None:
             continue
@@ -1133,79 +1150,109 @@ def _section(
             "alternatives_compared": d.alternatives,
         }
         verdicts[w] = d.verdict
-    deployed: dict[str, Any] = {}
-    if deployment is not None:
-        chosen = deployment.setting
-        per_workload = {}
-        for w in workloads:
-            mine = run.confirmed.get(chosen, {}).get(w)
-            top = best.get(w, {}).get("mean_tps")
-            if not mine:
-                continue
-            mean = statistics.fmean(mine)
-            gives_up = max(0.0, float(top) - mean) if top else 0.0
-            per_workload[w] = {
-                "mean_tps": round(mean, 4),
-                "best_tps": top,
-                "gives_up_tps": round(gives_up, 4),
-                "gives_up_pct": round(100.0 * gives_up / float(top), 2) if top else 0.0,
-            }
-            if best.get(w) and (best[w]["method"], best[w]["k"]) != (chosen.method, chosen.k):
-                per_workload[w]["vs_workload_best"] = comparison(
-                    run.confirmed[Setting(best[w]["method"], best[w]["k"])][w], mine, 0.05
-                )
-        deployed = {
-            **chosen.as_dict(),
-            "changed": chosen != customer,
-            "weights": dict(share),
-            "mix_tps": deployment.mix_tps,
-            "fastest_mix": deployment.fastest_mix.as_dict(),
-            "vs_customer": deployment.vs_customer,
-            "workloads": per_workload,
+    return best, verdicts
+
+
+def _deployed_block(
+    run: _Run, deployment: Deployment | None, customer: Setting, best: Mapping[str, Any],
+    share: Mapping[str, float],
+) -> dict[str, Any]:
+    """The setting deployed for the mix, and what each workload gives up with it."""
+    if deployment is None:
+        return {}
+    chosen = deployment.setting
+    per_workload = {}
+    for w in run.workloads:
+        mine = run.confirmed.get(chosen, {}).get(w)
+        top = best.get(w, {}).get("mean_tps")
+        if not mine:
+            continue
+        mean = statistics.fmean(mine)
+        gives_up = max(0.0, float(top) - mean) if top else 0.0
+        per_workload[w] = {
+            "mean_tps": round(mean, 4),
+            "best_tps": top,
+            "gives_up_tps": round(gives_up, 4),
+            "gives_up_pct": round(100.0 * gives_up / float(top), 2) if top else 0.0,
         }
+        if best.get(w) and (best[w]["method"], best[w]["k"]) != (chosen.method, chosen.k):
+            per_workload[w]["vs_workload_best"] = comparison(
+                run.confirmed[Setting(best[w]["method"], best[w]["k"])][w], mine, 0.05
+            )
+    return {
+        **chosen.as_dict(),
+        "changed": chosen != customer,
+        "weights": dict(share),
+        "mix_tps": deployment.mix_tps,
+        "fastest_mix": deployment.fastest_mix.as_dict(),
+        "vs_customer": deployment.vs_customer,
+        "workloads": per_workload,
+    }
+
+
+def _protocol_block(run: _Run, confirm_length: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "screen": run.screen_protocol.describe(),
+        "confirm": run.confirm_protocol.describe(),
+        "restart": "warm: engine stopped and started again, page cache and JIT cache kept",
+        "bound_margin": BOUND_MARGIN,
+        "confirm_length": dict(confirm_length),
+        "note": f"Screening asks for {run.screen_protocol.max_tokens} tokens a run after one warm-up "
+        f"run; confirmation for {run.confirm_protocol.max_tokens}: {confirm_length['why']}. The decode "
+        "rate is per token at batch 1 and does not depend on how many are asked for, the cost of a "
+        "run does. Confirmation runs are fresh, never the screening samples.",
+        "decision": "Welch's test on confirmation runs only, at 5 % divided by the number of "
+        "alternatives compared with the customer's setting; the mix rate is "
+        "1 / sum(share / rate) with a delta-method interval. No speculation, a fixed reference "
+        "and not a selected maximum, is compared on its screening runs unless it is a finalist "
+        "or those runs leave open whether the customer's setting is slower than it; then it is "
+        "confirmed too",
+    }
+
+
+def _section(
+    search: _Search,
+    decisions: Mapping[str, WorkloadDecision],
+    deployment: Deployment | None,
+    searches: Sequence[KSearch],
+    shortlist: _Shortlist,
+    spend: _Spend,
+) -> dict[str, Any]:
+    run, customer, customer_spec, space = search.run, search.customer, search.customer_spec, search.space
+    baseline: dict[str, Any] = {**customer.as_dict(), "draft_model": (customer_spec or {}).get("draft_model")}
+    none: dict[str, Any] = {"method": None, "k": 0}
+    for w in run.workloads:
+        baseline[w] = _block(run, customer, w)
+        none[w] = _block(run, NO_SPECULATION, w)
+    best, verdicts = _best_blocks(run, customer, decisions)
+    candidates = shortlist.finalists + shortlist.runner_ups
     return {
         "schema": SECTION_SCHEMA,
         "customer": {**customer.as_dict(), "speculative": customer_spec},
         "space": {
-            "methods": ["none", *methods],
-            "k_max": k_max,
-            "settings": len(space),
-            "notes": dict(space_note),
+            "methods": ["none", *space.methods],
+            "k_max": space.k_max,
+            "settings": len(space.settings),
+            "notes": dict(space.notes),
         },
-        "protocol": {
-            "screen": run.screen_protocol.describe(),
-            "confirm": run.confirm_protocol.describe(),
-            "restart": "warm: engine stopped and started again, page cache and JIT cache kept",
-            "bound_margin": BOUND_MARGIN,
-            "confirm_length": dict(confirm_length),
-            "note": f"Screening asks for {run.screen_protocol.max_tokens} tokens a run after one warm-up "
-            f"run; confirmation for {run.confirm_protocol.max_tokens}: {confirm_length['why']}. The decode "
-            "rate is per token at batch 1 and does not depend on how many are asked for, the cost of a "
-            "run does. Confirmation runs are fresh, never the screening samples.",
-            "decision": "Welch's test on confirmation runs only, at 5 % divided by the number of "
-            "alternatives compared with the customer's setting; the mix rate is "
-            "1 / sum(share / rate) with a delta-method interval. No speculation, a fixed reference "
-            "and not a selected maximum, is compared on its screening runs unless it is a finalist "
-            "or those runs leave open whether the customer's setting is slower than it; then it is "
-            "confirmed too",
-        },
+        "protocol": _protocol_block(run, spend.confirm_length),
         "baseline": baseline,
         "none": none,
         "best": best,
         "verdicts": verdicts,
         "chosen": (deployment.setting if deployment else customer).as_dict(),
-        "deployed": deployed,
-        "finalists": [s.as_dict() for s in finalists],
-        "runner_ups": [s.as_dict() for s in runner_ups],
-        "not_confirmed": skipped,
+        "deployed": _deployed_block(run, deployment, customer, best, search.share),
+        "finalists": [s.as_dict() for s in shortlist.finalists],
+        "runner_ups": [s.as_dict() for s in shortlist.runner_ups],
+        "not_confirmed": shortlist.skipped,
         "searches": [s.describe() for s in searches],
         "trials": run.trials,
         "trial_count": len({t["trial"] for t in run.trials}),
-        "budget_lab_s": budget,
-        "lab_time_s": lab_time,
-        "sweep_estimate_s": sweep,
+        "budget_lab_s": spend.budget,
+        "lab_time_s": spend.lab_time,
+        "sweep_estimate_s": spend.sweep,
         "sweep_basis": {
-            "settings": len(space),
+            "settings": len(space.settings),
             "protocol": SWEEP.describe(),
             "restart_s": round(run.costs.restart_s(), 2),
             "per_run_overhead_s": round(run.costs.fixed_s(), 3),
@@ -1213,7 +1260,16 @@ def _section(
             "workload; measured settings at their own rate, the others at the workload's mean "
             "measured rate; restart and per-run overhead as measured here",
         },
-        "lab_time_vs_sweep": round(lab_time / sweep, 4) if sweep else None,
+        "lab_time_vs_sweep": round(spend.lab_time / spend.sweep, 4) if spend.sweep else None,
+        # The acceptance model the search and the finalists followed, with what it predicted
+        # for the settings confirmed (the decision read their fresh runs, not this).
+        "rate_model": {
+            **run.model().describe(),
+            "predicted_at_finalists": {
+                s.label: {w: round(v, 3) for w, v in (shortlist.predicted.get(s) or {}).items()}
+                for s in candidates
+            },
+        },
     }
 
 

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     import django
 
     django.setup()
-    from reports.report import render
+    from reports.render import render
 
     issued = dt.datetime(2025, 12, 1, 16, 0, tzinfo=dt.UTC)
     with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:

@@ -1,6 +1,6 @@
 """What the report says: a findings.json document assembled into the report's content
 model: the cover, the summary with its headline, the money-back status, the findings
-(`reports.findings`), and the measured sections and appendices (`reports.sections`, one
+(`reports.sections.findings`), and the measured sections and appendices (`reports.sections`, one
 module each).
 
 The model is plain dataclasses holding finished text (every figure already formatted by
@@ -34,7 +34,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from reports import figures as fig
-from reports.findings import ORDER_NOTE, build_finding, by_impact, impact_sources
 from reports.moneyback import MoneyBackDecision, impacts_of
 from reports.quantities import day_cold_start
 from reports.sections.appendices import (
@@ -54,6 +53,7 @@ from reports.sections.configurations import (
     roofline_fraction,
     tuned_setting,
 )
+from reports.sections.findings import ORDER_NOTE, build_finding, by_impact, impact_sources
 from reports.sections.fp4 import fp4_section
 from reports.sections.gap import gap_section, rest_section, summary_changes
 from reports.sections.speculative import speculative_section

@@ -24,9 +24,9 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.template import Context
 
 from reports import content
-from reports.findings import by_impact
-from reports.report import RenderedReport, render, template_engine, write_atomically
+from reports.render import RenderedReport, render, template_engine, write_atomically
 from reports.sections.appendices import summary_change_rows
+from reports.sections.findings import by_impact
 from reports.sections.gap import summary_changes
 
 log = logging.getLogger(__name__)

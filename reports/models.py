@@ -111,7 +111,7 @@ def override_money_back(*, job_id: str, eligible: bool, reason: str, by: User) -
 
 def overrides_for(job_id: str) -> list[OverrideEntry]:
     """The staff decisions in force for a job (none reverted), oldest first, ready for
-    `reports.report.render`."""
+    `reports.render.render`."""
     rows = MoneyBackOverride.objects.filter(
         job_id=job_id, reverts__isnull=True, reverted_by__isnull=True
     ).select_related("decided_by")

@@ -40,7 +40,6 @@ from django.utils import timezone
 from diagnostic import lifecycle
 from diagnostic.bookings.models import Booking, ClusterConfiguration, Lab
 from diagnostic.jobs import leases
-from diagnostic.jobs.context import StageCancelled, StageContext, StopJob
 from diagnostic.jobs.faults import (
     DATABASE_CONNECTION_ERRORS,
     Fault,
@@ -49,12 +48,13 @@ from diagnostic.jobs.faults import (
     reset_connection,
     through_outage,
 )
-from diagnostic.jobs.findings import build_findings
+from diagnostic.jobs.findings_document import build_findings
 from diagnostic.jobs.hygiene import job_owner, nodes_words, shut_down, sweep
 from diagnostic.jobs.labaccess import LabAccess, SessionFactory
 from diagnostic.jobs.leases import Claim
 from diagnostic.jobs.models import DiagnosticJob, Finding, JobEvent, Measurement, StageRun
 from diagnostic.jobs.registry import Stage, lookup, select_stages
+from diagnostic.jobs.stage_context import StageCancelled, StageContext, StopJob
 from lab.session import AgentError, LabSession, NodeUnreachable
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,9 @@ import statistics
 import time
 from typing import Any, NoReturn
 
-from diagnostic.jobs.context import StageContext, StopJob
 from diagnostic.jobs.faults import LabFault
-from diagnostic.pipelines.context import context_target
+from diagnostic.jobs.stage_context import StageContext, StopJob
+from diagnostic.pipelines.native_context import context_target
 from lab.catalog import Catalog
 from lab.inventory import Node
 from lab.session import AgentError, NodeUnreachable

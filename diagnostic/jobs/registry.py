@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
-from diagnostic.jobs import preflight, report, reproduce
-from diagnostic.jobs.context import StageContext
+from diagnostic.jobs import preflight, report_versions, reproduce
+from diagnostic.jobs.stage_context import StageContext
 
 StageFn = Callable[[StageContext], dict[str, Any]]
 
@@ -118,4 +118,4 @@ def select_stages(names: Iterable[str] | None) -> list[Stage]:
 
 register_stage("preflight", preflight.run, required=True)
 register_stage("reproduce", reproduce.run, required=True)
-register_stage("report", report.run, required=True, after_stop=True)
+register_stage("report", report_versions.run, required=True, after_stop=True)

@@ -3,7 +3,7 @@ and keep what the start looked like.
 
 The context is a requirement (METHODOLOGY.md): the model's native context, unless the
 customer stated less (`requirements.max_context`), is what the configuration should hold
-(diagnostic.pipelines.context). A configuration whose KV cache cannot hold one request of its
+(diagnostic.pipelines.native_context). A configuration whose KV cache cannot hold one request of its
 max_model_len fails to start; from the engine's own figures and the nodes' memory the stage
 then looks for the memory settings that hold the target (an fp8 KV cache, a higher
 gpu_memory_utilization within what the node allows) and proves them: that configuration is
@@ -33,12 +33,13 @@ from __future__ import annotations
 import math
 from typing import Any, NoReturn
 
-from diagnostic.jobs.context import StageContext, StopJob
 from diagnostic.jobs.faults import LabFault
+from diagnostic.jobs.stage_context import StageContext, StopJob
 from diagnostic.pipelines import changes
 from diagnostic.pipelines.changes import apply_changes
 from diagnostic.pipelines.client import EndpointError, session_api_key
-from diagnostic.pipelines.context import (
+from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
+from diagnostic.pipelines.native_context import (
     PROOF_MIN_WALL_S,
     PROOF_TIMEOUT_LAB_S,
     EngineKv,
@@ -54,7 +55,6 @@ from diagnostic.pipelines.context import (
     settings_words,
     would_fit_words,
 )
-from diagnostic.pipelines.measure.protocol import MeasurementError, measure_on_session
 from diagnostic.pipelines.triage.coldstart import launch_offsets
 from lab.engines import parse_log
 from lab.engines.base import argument_refusal
@@ -182,7 +182,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         # nothing does: the day's other stages (and the tuned configuration) run with it.
         "config_changes": config_changes,
         # The target context, what the engine said of its KV cache, the fit and its proof
-        # (diagnostic.pipelines.context); the gap section reports it.
+        # (diagnostic.pipelines.native_context); the gap section reports it.
         "context": context,
         "sections": {"cold_start": cold_start},
     }

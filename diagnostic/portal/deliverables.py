@@ -22,7 +22,7 @@ from diagnostic.jobs.models import DiagnosticJob, ReportVersion, StageRun
 from diagnostic.pipelines.changes import apply_changes
 from lab.config import mask_config
 from reports.content import summary_rows
-from reports.findings import by_impact
+from reports.sections.findings import by_impact
 from reports.structure import SummaryRow
 
 

@@ -28,8 +28,8 @@ from diagnostic.bookings.models import Booking, Lab, LabDay
 from diagnostic.jobs.models import DiagnosticJob, LabHealth, NodeHealth, StageRun
 from diagnostic.portal.job_views import lab_duration
 from diagnostic.staff.access import staff_required
+from diagnostic.staff.engine_owners import Served, jobs_serving
 from diagnostic.staff.labhealth import INCOMPLETE, is_incomplete, lab_holder, poll_all_labs
-from diagnostic.staff.serving import Served, jobs_serving
 from lab.baseline import (
     Baseline,
     age_words,

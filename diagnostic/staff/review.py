@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from diagnostic.jobs.models import DiagnosticJob, Finding, FindingEdit, ReportVersion
-from diagnostic.jobs.report import (
+from diagnostic.jobs.report_versions import (
     NOTE_KEY,
     current_edits,
     lab_day,
@@ -26,9 +26,9 @@ from diagnostic.jobs.report import (
     version_message,
 )
 from reports.email import send_report_email
-from reports.findings import EVIDENCE_LABELS
 from reports.models import first_sent_at, overrides_for
 from reports.moneyback import MoneyBackDecision, assess, report_deadline
+from reports.sections.findings import EVIDENCE_LABELS
 from reports.structure import humanize, value_text
 
 TITLE_MAX = 300
@@ -194,8 +194,8 @@ def decision_now(job: DiagnosticJob, findings: dict[str, Any] | None = None) -> 
     """The money-back rule on the job's current findings (with edits), as if sent now when
     nothing was sent yet, with the staff decisions in force. `findings` is the job's
     document as build_findings made it, when the caller has it already (left unchanged)."""
-    from diagnostic.jobs.findings import build_findings
-    from diagnostic.jobs.report import apply_finding_edits
+    from diagnostic.jobs.findings_document import build_findings
+    from diagnostic.jobs.report_versions import apply_finding_edits
 
     made = copy.deepcopy(findings) if findings is not None else build_findings(job)
     document = apply_finding_edits(made, job)

@@ -19,9 +19,9 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from diagnostic.jobs.findings import build_findings
+from diagnostic.jobs.findings_document import build_findings
 from diagnostic.jobs.models import FindingEdit, ReportVersion
-from diagnostic.jobs.report import (
+from diagnostic.jobs.report_versions import (
     current_edits,
     recipients,
     version_document,
@@ -48,14 +48,14 @@ from diagnostic.staff.review import (
     sent_versions,
     version_diff,
 )
-from reports.findings import build_finding, by_impact, impact_formatters, impact_sources, impact_unit
 from reports.models import MoneyBackOverride, override_money_back, revert_override
 from reports.moneyback import impacts_of
+from reports.sections.findings import build_finding, by_impact, impact_formatters, impact_sources, impact_unit
 from reports.structure import FindingSection, cause_descriptions, value_text
 
 
 def _as_printed(index: int, finding: Any, document: dict[str, Any]) -> FindingSection:
-    """A finding's measured part as the report prints it (reports.findings, the same
+    """A finding's measured part as the report prints it (reports.sections.findings, the same
     labels, units and rounding): its evidence, the change as a diff of settings and
     environment variables with the launch flags as the engine takes them, and the impacts."""
     fp4 = document.get("fp4")

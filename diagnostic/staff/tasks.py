@@ -36,7 +36,7 @@ def render_report_version(job_id: str, render_id: int | None = None) -> str:
     came without one): the version it made, or why it failed. A failure is recorded, not
     raised: the consultant reads it on the review page, where the render was asked for."""
     from diagnostic.jobs.models import DiagnosticJob
-    from diagnostic.jobs.report import render_version
+    from diagnostic.jobs.report_versions import render_version
     from diagnostic.staff.models import ReportRender
 
     job = DiagnosticJob.objects.select_related("booking__lab_day", "booking__organisation", "lab",

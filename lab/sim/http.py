@@ -3,7 +3,7 @@
 `ServingEngine` is what the simulated cold start brings up at "API ready": a threaded
 HTTP server on the head node's API port answering /health, /version, /v1/models,
 /v1/completions, /v1/chat/completions (streamed as SSE or whole) and /metrics, with
-the request planning, pacing and server-side accounting of lab/sim/serving.py behind
+the request planning, pacing and server-side accounting of lab/sim/engine_core.py behind
 it. Responses carry exactly the fields a real server sends; no header or field says
 anything about the scenario's truth.
 
@@ -34,9 +34,9 @@ from typing import Any, NamedTuple, cast
 
 from lab.clock import LabClock
 from lab.config import engine_api_keys
+from lab.sim.engine_core import EngineCore, RequestRecord, ScenarioLike
 from lab.sim.physics import Step
 from lab.sim.release import Line, Release
-from lab.sim.serving import EngineCore, RequestRecord, ScenarioLike
 from lab.sim.text import Workload, classify_prompt
 
 # OpenAI's and vLLM's default for /v1/completions when the client names no limit.

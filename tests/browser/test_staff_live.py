@@ -27,7 +27,7 @@ from pypdf import PdfReader
 
 from diagnostic.bookings.models import SIM_PREFIX, Booking, Lab, LabDay
 from diagnostic.jobs.models import DiagnosticJob, ReportVersion, StageRun
-from diagnostic.jobs.report import recipients
+from diagnostic.jobs.report_versions import recipients
 from diagnostic.staff.demo import SCENARIO, serving_sim_lab
 from tests.browser import test_customer_path as walk
 from tests.browser.test_staff_review import browser_as

@@ -23,9 +23,9 @@ from django.test import Client
 from django.utils import timezone
 from pypdf import PdfReader
 
-from diagnostic.jobs import report
+from diagnostic.jobs import report_versions as report
 from diagnostic.jobs.models import ReportVersion
-from diagnostic.jobs.report import render_version
+from diagnostic.jobs.report_versions import render_version
 from diagnostic.staff import tasks
 
 # The shared cast and the staff fixtures, used here as in tests/diagnostic.

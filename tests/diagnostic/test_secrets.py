@@ -34,8 +34,8 @@ from pypdf import PdfReader
 
 from diagnostic.bookings.configs import form_text, normalize_submission, submit_configuration
 from diagnostic.bookings.models import ClusterConfiguration, LabDay, book_lab_day
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.models import DiagnosticJob
+from diagnostic.jobs.stage_context import StageContext
 from diagnostic.jobs.tuning import command_text, config_diff, config_yaml
 from diagnostic.pipelines.changes import apply_changes, change
 from diagnostic.pipelines.client import EndpointError

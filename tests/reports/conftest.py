@@ -25,7 +25,7 @@ from django.conf import settings
 
 from reports.content import ReportContent, build_report
 from reports.moneyback import assess
-from reports.report import RenderedReport, render
+from reports.render import RenderedReport, render
 from tests.conftest import service_missing
 from tests.reports.reference_story import reference_findings, reference_findings_28
 

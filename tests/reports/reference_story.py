@@ -9,7 +9,7 @@ the triage and the measure stage, `fp4`, `speculative`, `measurement` with `tune
 `difference` and `roofline`, `tuned`, the findings and `job.stages`).
 
 One field is added on loading: `job.lab_day`. A real job's lab day is its booking's,
-handed to the report beside the findings (diagnostic/jobs/report.py); the report also
+handed to the report beside the findings (diagnostic/jobs/report_versions.py); the report also
 reads it from `job.lab_day`, and the money-back tests need a fixed one. Refresh the file
 from a new run when a producer changes its shape: the tests take their expectations
 from it, not from constants.

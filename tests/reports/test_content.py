@@ -12,7 +12,7 @@ import jsonschema
 
 from reports import content
 from reports import figures as fig
-from reports.report import render_html
+from reports.render import render_html
 from reports.sections import configurations
 from reports.sections.configurations import SEARCH_NOTE
 from reports.structure import NOT_RUN

@@ -1,5 +1,5 @@
 """The report depends on findings.json only: nothing in reports/ imports the diagnostic
-platform (its pipelines, jobs or settings) or the lab simulator. diagnostic/jobs/report.py
+platform (its pipelines, jobs or settings) or the lab simulator. diagnostic/jobs/report_versions.py
 calls the report, never the other way round; a rule that decides lives in the pipeline
 that decides and reaches the report written into findings."""
 
@@ -38,9 +38,9 @@ def _imported_modules(path: Path) -> list[tuple[int, str]]:
 
 def test_the_scan_reaches_into_the_sections_package() -> None:
     modules = {p.relative_to(REPORTS).as_posix() for p in REPORTS.rglob("*.py")}
-    assert {"content.py", "findings.py", "sections/fp4.py", "sections/throughput.py"} <= modules
+    assert {"content.py", "sections/findings.py", "sections/fp4.py", "sections/throughput.py"} <= modules
     imported = {m for _, m in _imported_modules(REPORTS / "content.py")}
-    assert {"reports.findings", "reports.sections.fp4"} <= imported
+    assert {"reports.sections.findings", "reports.sections.fp4"} <= imported
 
 
 def test_the_scan_catches_an_import_of_the_platform(tmp_path: Path) -> None:

@@ -235,7 +235,7 @@ def test_an_unreachable_mail_server_fails_loudly_and_leaves_the_version_to_retry
 
 
 def test_the_email_lists_the_findings_in_the_reports_order(reference_report: Any) -> None:
-    from reports.findings import by_impact
+    from reports.sections.findings import by_impact
 
     f, report = reference_report.findings, reference_report.report
     ordered = [str(x.get("title") or x.get("code")) for x in by_impact(f["findings"])]

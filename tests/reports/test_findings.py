@@ -1,4 +1,4 @@
-"""Section 2's finding sections (reports.findings): any code through the generic section,
+"""Section 2's finding sections (reports.sections.findings): any code through the generic section,
 a change as a configuration diff, and causes in the measurement's own words."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from reports import figures as fig
-from reports import findings as finding_sections
+from reports.sections import findings as finding_sections
 from reports.structure import NO_CAUSE_DESCRIPTION
 from tests.reports.conftest import report_content
 

@@ -290,7 +290,7 @@ def _finding_text(flat: str, title: str) -> str:
 
 
 def test_the_issue_28_day_is_a_valid_findings_document_and_its_cold_start_findings_count() -> None:
-    from diagnostic.jobs.findings import validate_findings
+    from diagnostic.jobs.findings_document import validate_findings
     from reports.moneyback import assess
     from tests.reports.reference_story import reference_findings_28
 

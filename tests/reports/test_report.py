@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from pypdf import PdfReader
 
-from diagnostic.jobs.findings import validate_findings
+from diagnostic.jobs.findings_document import validate_findings
 from reports import figures as fig
-from reports.findings import impact_formatters
 from reports.moneyback import OverrideEntry, assess
-from reports.report import render, report_digest
+from reports.render import render, report_digest
+from reports.sections.findings import impact_formatters
 from tests.reports.conftest import (
     CUSTOMER,
     ISSUED,

@@ -79,7 +79,7 @@ def test_the_throughput_table_sets_each_rate_against_the_hardware_s_bound(findin
 
 
 def test_a_cumulative_waterfall_is_told_as_fixes_added_to_the_ones_before() -> None:
-    from reports.findings import impact_sources
+    from reports.sections.findings import impact_sources
     from reports.structure import waterfall_proofs
 
     added_design = [{"mode": "baseline", "n": 2}, {"mode": "alone", "fixes": "load.weights_io", "n": 1},

@@ -1,6 +1,6 @@
 """The pipeline stage adapters: one module per stage, named as in registry.STAGE_ORDER
 (`measure.py` for the measure stage), each registering its stage when imported, and
-`serving.py`, the step they share.
+`ensure_serving.py`, the step they share.
 
 An adapter is the Django side of a pipeline: it makes sure the customer's configuration
 is serving, calls the plain pipeline code with the lab session, and records what it

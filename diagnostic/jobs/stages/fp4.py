@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import register_stage
-from diagnostic.jobs.stages.serving import ensure_serving
+from diagnostic.jobs.stage_context import StageContext
+from diagnostic.jobs.stages.ensure_serving import ensure_serving
 from diagnostic.pipelines.fp4 import run_fp4
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import register_stage
+from diagnostic.jobs.stage_context import StageContext
 from diagnostic.pipelines.gap import resolve_baseline, run_gap
 from diagnostic.pipelines.gap.pipeline import DEFAULT_BUDGET_LAB_S, PROVE
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import register_stage
-from diagnostic.jobs.stages.serving import ensure_serving
+from diagnostic.jobs.stage_context import StageContext
+from diagnostic.jobs.stages.ensure_serving import ensure_serving
 from diagnostic.pipelines.changes import apply_changes
 from diagnostic.pipelines.explain import distance, explain_step
 from diagnostic.pipelines.fp4.backends import PIN_ENV

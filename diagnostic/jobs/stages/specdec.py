@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import register_stage
+from diagnostic.jobs.stage_context import StageContext
 from diagnostic.pipelines.specdec import run_specdec
 from diagnostic.pipelines.specdec.pipeline import DEFAULT_BUDGET_LAB_S
 

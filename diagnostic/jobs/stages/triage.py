@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import register_stage
+from diagnostic.jobs.stage_context import StageContext
 from diagnostic.pipelines.triage import TELEMETRY_CSV, run_triage
 
 # True cold starts per waterfall step: one, the methodology's proof (its signature gone, the

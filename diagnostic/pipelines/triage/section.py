@@ -165,7 +165,7 @@ def _evidence(start: ColdStart, cause: str) -> dict[str, Any]:
     # stalls keep each figure's range across them).
     evidence["attributed_from"] = decided.get("nodes", [])
     # Each figure's spread across those nodes, which the report prints beside the figure
-    # (reports/findings.py reads `decided_by`'s `<figure>_range`).
+    # (reports/sections/findings.py reads `decided_by`'s `<figure>_range`).
     ranges = {k: v for k, v in decided.items() if k.endswith("_range")}
     if ranges:
         evidence["decided_by"] = ranges

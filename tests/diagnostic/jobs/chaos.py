@@ -455,7 +455,7 @@ def _record_call(stage: str, attempt: int) -> None:
 def _install_stages() -> None:
     """Register the chaos stages in a registry whose order extends the real one."""
     from diagnostic.jobs import registry
-    from diagnostic.jobs.context import StageContext
+    from diagnostic.jobs.stage_context import StageContext
 
     def first(ctx: StageContext) -> dict[str, Any]:
         _record_call("chaos_first", ctx.attempt)

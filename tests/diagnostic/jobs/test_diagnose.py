@@ -20,11 +20,11 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from diagnostic.bookings.models import Lab
-from diagnostic.jobs.findings import validate_findings
+from diagnostic.jobs.findings_document import validate_findings
 from diagnostic.jobs.models import DiagnosticJob, Finding
-from diagnostic.jobs.report import NO_BOOKING_CUSTOMER
+from diagnostic.jobs.report_versions import NO_BOOKING_CUSTOMER
 from lab.sim.lab import SimLab
-from reports.report import render
+from reports.render import render
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO, REPO
 from tests.diagnostic.doubles import fast_scenario
 from tests.reports.conftest import pdf_text, squash

@@ -29,14 +29,14 @@ from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
 from diagnostic.jobs import faults, leases, tasks
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.faults import classify, through_outage
 from diagnostic.jobs.models import DiagnosticJob, Finding, StageRun
 from diagnostic.jobs.orchestration import Next, orchestrate, run_until_done
+from diagnostic.jobs.stage_context import StageContext
 from diagnostic.pipelines.client import EndpointError
 from lab.config import ConfigError
 from lab.session import LaunchFailed, NodeUnreachable
-from reports.report import write_atomically
+from reports.render import write_atomically
 from tests.diagnostic.conftest import REFERENCE_CONFIG
 from tests.diagnostic.doubles import no_lab
 from tests.diagnostic.jobs.test_orchestration import Probe, add_test_stage
@@ -186,7 +186,7 @@ class FlakyProgress:
             original(ctx)
 
         monkeypatch.setattr(StageContext, "_save_progress", save)
-        monkeypatch.setattr("diagnostic.jobs.context.PROGRESS_RETRY_PAUSES_S", (0.0,))
+        monkeypatch.setattr("diagnostic.jobs.stage_context.PROGRESS_RETRY_PAUSES_S", (0.0,))
 
 
 @pytest.mark.django_db
@@ -432,7 +432,7 @@ def write_on_full_disk(directory: Path, name: str, size: int) -> str:
     )
     directory.mkdir(exist_ok=True)
     code = (
-        f"{limit}from pathlib import Path; from reports.report import write_atomically\n"
+        f"{limit}from pathlib import Path; from reports.render import write_atomically\n"
         f"try:\n    write_atomically(Path({str(directory)!r}) / {name!r}, b'%PDF-' + b'x' * {size})\n"
         "except OSError as exc:\n    print(exc.errno, exc)\nelse:\n    print('written')\n"
     )

@@ -17,9 +17,9 @@ import yaml
 from django.core.management import call_command
 
 from diagnostic.jobs import registry
-from diagnostic.jobs.context import StageContext
-from diagnostic.jobs.findings import validate_findings
+from diagnostic.jobs.findings_document import validate_findings
 from diagnostic.jobs.models import DiagnosticJob
+from diagnostic.jobs.stage_context import StageContext
 from diagnostic.pipelines.changes import change
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO
 from tests.diagnostic.doubles import fast_scenario

@@ -16,7 +16,7 @@ from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import Booking, Lab, LabDay
 from diagnostic.jobs.models import DiagnosticJob, Finding, JobEvent, StageRun
 from diagnostic.jobs.orchestration import create_job, run_until_done
-from diagnostic.jobs.report import lab_day
+from diagnostic.jobs.report_versions import lab_day
 from diagnostic.staff import actions
 from lab.session import NodeUnreachable
 from tests.diagnostic.conftest import REFERENCE_CONFIG, Cast

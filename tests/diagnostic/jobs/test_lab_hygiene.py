@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from diagnostic.bookings.models import ClusterConfiguration, Lab
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.hygiene import PLATFORM, job_owner
 from diagnostic.jobs.labaccess import open_lab_session
 from diagnostic.jobs.models import DiagnosticJob, Finding, JobEvent, StageRun
 from diagnostic.jobs.orchestration import create_job, run_until_done
+from diagnostic.jobs.stage_context import StageContext
 from lab.session import LabSession
 from lab.sim.lab import SimLab
 from tests.diagnostic.conftest import REFERENCE_SCENARIO

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from diagnostic.jobs import registry
-from diagnostic.jobs.context import StageContext, StopJob
-from diagnostic.jobs.findings import validate_findings
+from diagnostic.jobs.findings_document import validate_findings
 from diagnostic.jobs.models import DiagnosticJob, Finding, JobEvent, Measurement, StageRun
 from diagnostic.jobs.orchestration import Next, orchestrate, retry_countdown, run_until_done
 from diagnostic.jobs.registry import StageFn, StageRegistry, UnknownStage, select_stages
+from diagnostic.jobs.stage_context import StageContext, StopJob
 from lab.session import LabError, NodeUnreachable
 from tests.diagnostic.doubles import no_lab
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from diagnostic.jobs import registry, stages
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.registry import STAGE_ORDER, StageRegistry, UnknownStage
+from diagnostic.jobs.stage_context import StageContext
 from tests.diagnostic.conftest import REPO
 
 CORE = ("preflight", "reproduce", "report")
@@ -80,7 +80,7 @@ def test_every_declared_stage_with_a_module_in_the_adapter_package_is_imported()
     package = Path(stages.__file__).parent
     modules = {p.stem for p in package.glob("*.py")}
     assert set(stages.ADAPTERS) == modules & set(STAGE_ORDER)
-    assert "serving" in modules and "serving" not in stages.ADAPTERS  # a shared step, not a stage
+    assert "ensure_serving" in modules and "ensure_serving" not in stages.ADAPTERS  # a shared step, not a stage
     for name in stages.ADAPTERS:
         assert registry.REGISTRY.lookup(name) is not None
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import Booking, Lab, LabDay
 from diagnostic.jobs.orchestration import create_job
-from diagnostic.jobs.report import greeting
+from diagnostic.jobs.report_versions import greeting
 from tests.diagnostic.conftest import REFERENCE_CONFIG, Cast
 
 pytestmark = pytest.mark.django_db

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from diagnostic.jobs import reproduce
-from diagnostic.jobs.context import FindingDraft, StopJob
 from diagnostic.jobs.faults import LabFault, classify
+from diagnostic.jobs.stage_context import FindingDraft, StopJob
 from lab.clock import LabClock
 from lab.engines.base import argument_refusal
 from lab.engines.logs import crash_family

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from diagnostic.jobs.findings import validate_findings
+from diagnostic.jobs.findings_document import validate_findings
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO
 from tests.diagnostic.doubles import fast_scenario
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from diagnostic.bookings.models import Lab
-from diagnostic.jobs.context import StageContext
 from diagnostic.jobs.labaccess import LabAccess
 from diagnostic.jobs.models import DiagnosticJob
-from diagnostic.jobs.stages.serving import ensure_serving
+from diagnostic.jobs.stage_context import StageContext
+from diagnostic.jobs.stages.ensure_serving import ensure_serving
 from lab.session import LabSession
 from lab.sim.lab import SimLab
 from tests.diagnostic.conftest import REFERENCE_SCENARIO

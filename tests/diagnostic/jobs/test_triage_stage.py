@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from diagnostic.jobs.findings import validate_findings
+from diagnostic.jobs.findings_document import validate_findings
 from diagnostic.jobs.models import StageRun
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO
 from tests.diagnostic.doubles import fast_scenario

@@ -21,8 +21,8 @@ import yaml
 from django.core.management import call_command
 
 from diagnostic.jobs import registry
-from diagnostic.jobs.context import StageContext
-from diagnostic.jobs.findings import validate_findings
+from diagnostic.jobs.findings_document import validate_findings
+from diagnostic.jobs.stage_context import StageContext
 from diagnostic.jobs.stages.measure import start_view
 from diagnostic.pipelines.changes import apply_changes, change
 from diagnostic.pipelines.measure.protocol import measure_endpoint

@@ -1,4 +1,4 @@
-"""The fit computation of the native context (diagnostic.pipelines.context), from the
+"""The fit computation of the native context (diagnostic.pipelines.native_context), from the
 engine's figures and the node's memory, and the configuration's `requirements` field.
 
 Figures as the reference lab's engine states them (LAB_MODEL.md sections 1-2, Kimi K2 on
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from diagnostic.pipelines.context import (
+from diagnostic.pipelines.native_context import (
     GIB,
     EngineKv,
     NodeMemory,
@@ -191,7 +191,7 @@ def test_a_requirement_is_an_optional_field_with_a_clear_error() -> None:
 
 
 def test_the_gap_section_view_of_a_record() -> None:
-    from diagnostic.pipelines.context import section_view
+    from diagnostic.pipelines.native_context import section_view
 
     target = {"native": NATIVE, "required": None, "configured": 131072, "target": NATIVE}
     proof = {"served": True, "max_model_len": NATIVE, "prompt_tokens": NATIVE - 16, "completion_tokens": 16,

@@ -18,7 +18,7 @@ from django.utils import timezone
 from diagnostic.bookings.models import Lab, LabDay
 from diagnostic.celery import app
 from diagnostic.jobs.models import DiagnosticJob, ReportVersion, StageRun
-from diagnostic.jobs.report import render_version
+from diagnostic.jobs.report_versions import render_version
 from diagnostic.staff import review
 from tests.diagnostic.conftest import Cast
 

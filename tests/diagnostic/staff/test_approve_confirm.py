@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from diagnostic.jobs.models import DiagnosticJob, ReportVersion
-from diagnostic.jobs.report import render_version
+from diagnostic.jobs.report_versions import render_version
 from diagnostic.staff import review
 from tests.conftest import service_missing
 from tests.diagnostic.staff.conftest import Mailbox

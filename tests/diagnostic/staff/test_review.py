@@ -15,7 +15,7 @@ from django.utils import timezone
 from pypdf import PdfReader
 
 from diagnostic.jobs.models import DiagnosticJob, FindingEdit, ReportVersion
-from diagnostic.jobs.report import NOTE_KEY, render_version, version_document
+from diagnostic.jobs.report_versions import NOTE_KEY, render_version, version_document
 from diagnostic.staff import review
 from reports.models import ReportEmail, override_money_back, overrides_for, revert_override
 from tests.diagnostic.conftest import Cast

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from diagnostic.celery import app
 from diagnostic.jobs.models import DiagnosticJob, Finding, ReportVersion
-from diagnostic.jobs.report import render_version
+from diagnostic.jobs.report_versions import render_version
 from diagnostic.staff import review, tasks
 from diagnostic.staff.models import ReportRender
 from diagnostic.staff.rendering import request_render
@@ -112,7 +112,7 @@ def test_a_failing_render_shows_its_error_where_the_button_was(
                            "the renderer's child was stopped at its memory limit (3072 MB)")
 
     with monkeypatch.context() as patched:
-        patched.setattr("diagnostic.jobs.report.render_version", broken)
+        patched.setattr("diagnostic.jobs.report_versions.render_version", broken)
         page = approver_client.post(f"/staff/reports/{finished.pk}/render/", follow=True).content.decode()
     assert not ReportVersion.objects.filter(job=finished).exists()
     row = ReportRender.objects.get(job=finished)

@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from diagnostic.bookings.configs import submit_configuration
 from diagnostic.bookings.models import SIM_PREFIX, ClusterConfiguration, Lab
-from diagnostic.jobs.findings import build_findings, validate_findings
+from diagnostic.jobs.findings_document import build_findings, validate_findings
 from diagnostic.jobs.labaccess import open_lab_session
 from diagnostic.jobs.leases import lab_holder
 from diagnostic.jobs.models import DiagnosticJob, StageRun
@@ -47,7 +47,7 @@ from lab.inventory import InventoryError, load_inventory
 from lab.session import LabError
 from lab.sim.lab import SimLab
 from lab.sim.scenario import ScenarioError, load_scenario
-from reports.report import write_atomically
+from reports.render import write_atomically
 
 CONFIG_MAX_BYTES = 1024 * 1024
 # A YAML configuration starts with `key:`; anything else is taken as a launch command.

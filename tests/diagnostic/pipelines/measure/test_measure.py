@@ -8,7 +8,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from diagnostic.jobs.findings import findings_schema
+from diagnostic.jobs.findings_document import findings_schema
 from diagnostic.pipelines.client import EndpointError, StreamClient
 from diagnostic.pipelines.measure import protocol
 from diagnostic.pipelines.measure.claim import CAUSES

@@ -1,7 +1,7 @@
 """One report, end to end: findings.json -> content -> HTML -> report.pdf beside it.
 
 `render` writes report.pdf for a findings document (the job's report step,
-diagnostic.jobs.report, calls it for `diagnose`, `make demo` and the staff's re-render) and
+diagnostic.jobs.report_versions, calls it for `diagnose`, `make demo` and the staff's re-render) and
 returns the details (version digest, money-back decision, page count, timings) that the
 email step and the staff views need. The PDF is written atomically (`write_atomically`): a failed write
 leaves no truncated file at its final path. The report's version is a digest of what it

@@ -20,13 +20,13 @@ from django.conf import settings
 from django.core.mail import EmailMultiAlternatives
 from django.utils import timezone
 
-from diagnostic.jobs.context import StageContext
-from diagnostic.jobs.findings import SECTIONS, build_findings, validate_findings
+from diagnostic.jobs.findings_document import SECTIONS, build_findings, validate_findings
 from diagnostic.jobs.models import DiagnosticJob, FindingEdit, JobEvent, ReportVersion, record_report_version
+from diagnostic.jobs.stage_context import StageContext
 from reports.email import build_report_email, write_eml
 from reports.models import first_sent_at, overrides_for
 from reports.moneyback import OverrideEntry, assess
-from reports.report import RenderedReport, render, write_atomically
+from reports.render import RenderedReport, render, write_atomically
 
 # A job run without a booking (the demo, a consultant's `diagnose`) has no customer
 # record; the report says so rather than naming anyone.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnostic.jobs.context import StageContext
+from diagnostic.jobs.stage_context import StageContext
 
 # A configuration that is not serving (the stage is a retry on a fresh worker, the engine
 # died since reproduce, or another job used the lab meanwhile) is started again warm: the

@@ -80,7 +80,8 @@ def test_every_declared_stage_with_a_module_in_the_adapter_package_is_imported()
     package = Path(stages.__file__).parent
     modules = {p.stem for p in package.glob("*.py")}
     assert set(stages.ADAPTERS) == modules & set(STAGE_ORDER)
-    assert "ensure_serving" in modules and "ensure_serving" not in stages.ADAPTERS  # a shared step, not a stage
+    # ensure_serving is a shared step, not a stage.
+    assert "ensure_serving" in modules and "ensure_serving" not in stages.ADAPTERS
     for name in stages.ADAPTERS:
         assert registry.REGISTRY.lookup(name) is not None
 

@@ -28,7 +28,7 @@ from lab.config import (
     SERVING_DEFAULTS,
     SPEC_METHODS,
 )
-from lab.engines import backend_choices, modelled_versions
+from lab.engines import backend_choices, field_flag, modelled_versions
 
 ENGINE_WORDS = {"vllm": "vLLM", "sglang": "SGLang"}
 
@@ -195,12 +195,14 @@ def _tuned_section() -> Section:
                   "The FP4 kernels of the mixture-of-experts layers. auto lets the engine choose; "
                   "the FP4 check verifies the output of the one in use.",
                   "auto, or a backend your engine version lists (e.g. flashinfer_cutlass, cutlass, "
-                  "marlin)", "--moe-backend", "--moe-runner-backend",
+                  "marlin)", field_flag("vllm", "serving.moe_backend") or "",
+                  field_flag("sglang", "serving.moe_backend") or "",
                   initial=serving["moe_backend"], choices=backend_names("moe")),
         FormField("serving.linear_backend", "backend", "Linear-layer kernel backend",
                   "The FP4 kernels of the other matrix multiplications.",
-                  "auto, or a backend your engine version lists", "--linear-backend",
-                  "--fp4-gemm-backend", initial=serving["linear_backend"],
+                  "auto, or a backend your engine version lists",
+                  field_flag("vllm", "serving.linear_backend") or "",
+                  field_flag("sglang", "serving.linear_backend") or "", initial=serving["linear_backend"],
                   choices=backend_names("linear")),
         FormField("serving.load_format", "choice", "Weight loader",
                   "How the weights are read from disk at start; decides much of the cold start.",

@@ -85,9 +85,16 @@ __all__ = [
 ]
 
 ENGINES: dict[str, Engine] = {"vllm": Vllm(), "sglang": Sglang()}
-# The flag that picks each FP4 layer's backend, per engine (LAB_MODEL.md section 6).
-BACKEND_FLAGS = {"vllm": {"moe": "--moe-backend", "linear": "--linear-backend"},
-                 "sglang": {"moe": "--moe-runner-backend", "linear": "--fp4-gemm-backend"}}
+# The flag that picks each FP4 layer's backend, per engine (LAB_MODEL.md section 6): the
+# engine's own field -> flag table, read for the two backend fields.
+BACKEND_FLAGS = {name: {layer: engine.field_flags[f"serving.{layer}_backend"] for layer in ("moe", "linear")}
+                 for name, engine in ENGINES.items()}
+
+
+def field_flag(engine: str, field: str) -> str | None:
+    """The flag that carries configuration `field` ("serving.moe_backend") on `engine`'s
+    command line, as its module's FIELD_FLAGS says; None for a field without one."""
+    return _engine(engine).field_flags.get(field)
 
 
 def _engine(name: str) -> Engine:

@@ -230,8 +230,8 @@ class Sglang(Engine):
         parser = self.parser(version)
         serving = dict(config["serving"])
         where = f"sglang {version}"
-        for name, flag in (("moe_backend", "--moe-runner-backend"),
-                           ("linear_backend", "--fp4-gemm-backend")):
+        for name in ("moe_backend", "linear_backend"):
+            flag = FIELD_FLAGS[f"serving.{name}"]
             option = parser.option(flag)
             value = serving[name]
             if option is None:
@@ -280,10 +280,9 @@ class Sglang(Engine):
             argv.append("--disable-cuda-graph")
         if srv["load_format"] != "auto":
             argv += ["--load-format", srv["load_format"]]
-        if srv["moe_backend"] != "auto":
-            argv += ["--moe-runner-backend", srv["moe_backend"]]
-        if srv["linear_backend"] != "auto":
-            argv += ["--fp4-gemm-backend", srv["linear_backend"]]
+        for name in ("moe_backend", "linear_backend"):
+            if srv[name] != "auto":
+                argv += [FIELD_FLAGS[f"serving.{name}"], srv[name]]
         if spec is not None:
             k = spec["num_speculative_tokens"]
             argv += ["--speculative-algorithm", ALGORITHM_OF[spec["method"]]]

@@ -459,8 +459,8 @@ class Vllm(Engine):
         version = config["engine"]["version"]
         parser = self.parser(version)
         serving = dict(config["serving"])
-        for name, flag in (("moe_backend", "--moe-backend"), ("linear_backend", "--linear-backend"),
-                           ("safetensors_load_strategy", "--safetensors-load-strategy")):
+        for name in ("moe_backend", "linear_backend", "safetensors_load_strategy"):
+            flag = FIELD_FLAGS[f"serving.{name}"]
             if serving[name] is not None:  # an unset load strategy is the release's default
                 serving[name] = self._choice(parser, flag, f"serving.{name}", serving[name])
         if serving["load_format"] not in LOAD_FORMATS:
@@ -513,10 +513,9 @@ class Vllm(Engine):
             argv += ["--load-format", srv["load_format"]]
         if srv["safetensors_load_strategy"] is not None:  # an explicit lazy is passed: it differs
             argv += ["--safetensors-load-strategy", srv["safetensors_load_strategy"]]
-        if srv["moe_backend"] != "auto":
-            argv += ["--moe-backend", srv["moe_backend"]]
-        if srv["linear_backend"] != "auto":
-            argv += ["--linear-backend", srv["linear_backend"]]
+        for name in ("moe_backend", "linear_backend"):
+            if srv[name] != "auto":
+                argv += [FIELD_FLAGS[f"serving.{name}"], srv[name]]
         if spec is not None:
             argv += ["--speculative-config", _speculative_json(spec)]
         return argv + list(config["extra_args"])

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lab.agent.agent import ENGINE_ENV_FIXED
 from lab.clock import LabClock
+from lab.engines import BACKEND_FLAGS
 from lab.sim import logfmt
 from lab.sim.hardware import NodeHardware, node_ipv4
 from lab.sim.paths import NodePaths
@@ -76,8 +77,7 @@ GRAPH_POOL_GIB = 0.52
 KV_BUDGET_FRACTION = 0.4
 
 # The flags that choose the NVFP4 kernels, per engine: (MoE, linear / GEMM).
-FP4_FLAGS = {"vllm": ("--moe-backend", "--linear-backend"),
-             "sglang": ("--moe-runner-backend", "--fp4-gemm-backend")}
+FP4_FLAGS = {engine: (flags["moe"], flags["linear"]) for engine, flags in BACKEND_FLAGS.items()}
 # vLLM's NvFp4MoeBackend values for its --moe-backend choices (oracle/nvfp4.py's mapping;
 # the rest upper-cased), and the order its oracle tries them on sm_12x.
 VLLM_MOE_VALUES = {"cutlass": "VLLM_CUTLASS"}

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from lab.engines import parse_log
+from lab.engines import BACKEND_FLAGS, field_flag, parse_log
 from lab.engines.logs import normalize_backend
 from lab.engines.tables import flag as table_flag
 from lab.engines.tables import release
@@ -42,10 +42,7 @@ UNKNOWN_BACKEND = "diag_probe_no_such_backend"
 PIN_ENV = ("VLLM_NVFP4_GEMM_BACKEND", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND")
 FIELD_OF_LAYER = {"moe": "moe_backend", "linear": "linear_backend"}
 # The flag that chooses each layer's NVFP4 backend, per engine (a version may lack one).
-FLAG_OF_LAYER = {
-    "vllm": {"moe": "--moe-backend", "linear": "--linear-backend"},
-    "sglang": {"moe": "--moe-runner-backend", "linear": "--fp4-gemm-backend"},
-}
+FLAG_OF_LAYER = BACKEND_FLAGS
 # The end of vLLM's MoE oracle line: the backends its default rule considered, in its order
 # ("... out of potential backends: ['FLASHINFER_CUTLASS', 'VLLM_CUTLASS', ...]").
 _POTENTIAL = re.compile(r"out of potential backends: \[(?P<list>[^\]]*)\]")
@@ -183,15 +180,11 @@ def backend_changes(config: Mapping[str, Any], backend: str, layers: Iterable[st
 
 def flags_for(engine: str, config_changes: Iterable[Mapping[str, Any]]) -> list[str]:
     """The command-line flags the changes render as."""
-    names = {
-        "vllm": {"moe_backend": "--moe-backend", "linear_backend": "--linear-backend"},
-        "sglang": {"moe_backend": "--moe-runner-backend", "linear_backend": "--fp4-gemm-backend"},
-    }
     out: list[str] = []
     for c in config_changes:
         path = str(c["path"])
-        if path.startswith("serving.") and c.get("to") not in (None, "auto"):
-            flag = names.get(engine, {}).get(path.split(".", 1)[1])
+        if path in ("serving.moe_backend", "serving.linear_backend") and c.get("to") not in (None, "auto"):
+            flag = field_flag(engine, path)
             if flag:
                 out += [flag, str(c["to"])]
     return out

@@ -17,6 +17,7 @@ from diagnostic.jobs.registry import register_stage
 from diagnostic.jobs.stage_context import StageContext
 from diagnostic.pipelines.gap import resolve_baseline, run_gap
 from diagnostic.pipelines.gap.pipeline import DEFAULT_BUDGET_LAB_S, PROVE
+from diagnostic.pipelines.triage.section import ColdStartSection
 
 
 def specdec_runs(ctx: StageContext) -> tuple[dict[str, list[float]] | None, str | None]:
@@ -47,14 +48,13 @@ def cold_starts(ctx: StageContext) -> tuple[list[float], str | None]:
     """True cold starts of the configuration with the earlier proved changes: the triage's
     last proved step (every loading fix together), else reproduce's start when no stage
     changed the configuration since."""
-    triage = ((ctx.earlier_result("triage") or {}).get("sections") or {}).get("cold_start") or {}
-    after = triage.get("after_samples_s")
-    if isinstance(after, list) and after:
-        return [float(x) for x in after], "triage's true cold starts with every loading fix"
-    if triage and triage.get("proved") == [] and triage.get("before_s") is not None:
-        base = next((s for s in triage.get("waterfall") or [] if s.get("mode") == "baseline"), None)
-        samples = (base or {}).get("samples_s") or [triage["before_s"]]
-        return [float(x) for x in samples], "the customer's true cold start(s) (triage proved no fix)"
+    triage = ColdStartSection(ctx.earlier_result("triage"))
+    after = triage.after_samples()
+    if after:
+        return after, "triage's true cold starts with every loading fix"
+    if triage and triage.proved == [] and triage.section.get("before_s") is not None:
+        samples = triage.baseline_samples() or [float(triage.section["before_s"])]
+        return samples, "the customer's true cold start(s) (triage proved no fix)"
     reproduce = ctx.earlier_result("reproduce") or {}
     if reproduce.get("cold_start_s") is not None and not ctx.earlier_changes():
         return [float(reproduce["cold_start_s"])], "reproduce's true cold start"

@@ -33,6 +33,7 @@ from diagnostic.pipelines.fp4.backends import PIN_ENV
 from diagnostic.pipelines.measure.protocol import measure_on_session
 from diagnostic.pipelines.roofline import fraction_of_bound, roofline, served_profile
 from diagnostic.pipelines.stats import compare, t_interval, welch
+from diagnostic.pipelines.triage import section as triage_section
 from lab.catalog import Catalog
 from lab.engines import launch_view, parse_log
 
@@ -197,16 +198,16 @@ def triage_after_samples(ctx: StageContext, tuned: dict[str, Any]) -> list[float
     when that configuration starts like `tuned`; [] otherwise (no triage, nothing proved,
     or a change since then that a start would feel)."""
     triage = ctx.earlier_result("triage") or {}
-    section = (triage.get("sections") or {}).get("cold_start") or {}
-    samples = section.get("after_samples_s")
-    if not section.get("proved") or not samples:
+    section = triage_section.ColdStartSection(triage)
+    samples = section.after_samples()
+    if not section.proved or not samples:
         return []
     config = apply_changes(customer_as_run(ctx), triage.get("config_changes") or [])
     if start_view(config) != start_view(tuned):
         ctx.log("tuned configuration: it starts differently from the triage's final step "
                 "(a change since then that a start feels); its cold starts are measured here")
         return []
-    return [float(v) for v in samples]
+    return samples
 
 
 def customer_as_run(ctx: StageContext) -> dict[str, Any]:
@@ -219,12 +220,7 @@ def customer_as_run(ctx: StageContext) -> dict[str, Any]:
 
 def customer_cold_starts(ctx: StageContext) -> list[float]:
     """The customer's true cold starts, as the triage (or, without it, reproduce) measured them."""
-    triage = ctx.earlier_result("triage") or {}
-    for step in ((triage.get("sections") or {}).get("cold_start") or {}).get("waterfall") or []:
-        if step.get("mode") == "baseline" and step.get("samples_s"):
-            return [float(v) for v in step["samples_s"]]
-    reproduce = ctx.earlier_result("reproduce") or {}
-    return [float(reproduce["cold_start_s"])] if reproduce.get("cold_start_s") is not None else []
+    return triage_section.customer_cold_starts(ctx.earlier_result("triage"), ctx.earlier_result("reproduce"))
 
 
 def compiled_kernels(ctx: StageContext, config: dict[str, Any]) -> bool:

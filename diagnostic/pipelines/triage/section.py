@@ -415,3 +415,45 @@ def build_result(before: ColdStart, after: ColdStart,
     }
     return {"section": section, "findings": findings, "config_changes": config_changes,
             "lab_time_s": round(lab_time_s, 1)}
+
+
+class ColdStartSection:
+    """The `cold_start` section as later stages read it back from the triage's stored result
+    (empty when the triage did not run or wrote none), with the questions they ask of it."""
+
+    def __init__(self, triage_result: Mapping[str, Any] | None) -> None:
+        sections = (triage_result or {}).get("sections") or {}
+        section = sections.get("cold_start") if isinstance(sections, Mapping) else None
+        self.section: Mapping[str, Any] = section if isinstance(section, Mapping) else {}
+
+    def __bool__(self) -> bool:
+        return bool(self.section)
+
+    @property
+    def proved(self) -> list[Any] | None:
+        """The causes whose fix was proved; None when the section does not say."""
+        value = self.section.get("proved")
+        return list(value) if isinstance(value, list) else None
+
+    def baseline_samples(self) -> list[float]:
+        """The customer's true cold starts: the waterfall's baseline step."""
+        for step in self.section.get("waterfall") or []:
+            if step.get("mode") == "baseline" and step.get("samples_s"):
+                return [float(v) for v in step["samples_s"]]
+        return []
+
+    def after_samples(self) -> list[float]:
+        """The true cold starts with every proved loading fix (the final step)."""
+        after = self.section.get("after_samples_s")
+        return [float(v) for v in after] if isinstance(after, list) else []
+
+
+def customer_cold_starts(triage_result: Mapping[str, Any] | None,
+                         reproduce_result: Mapping[str, Any] | None) -> list[float]:
+    """The customer's true cold starts, as the triage measured them, or without it the one
+    reproduce took."""
+    samples = ColdStartSection(triage_result).baseline_samples()
+    if samples:
+        return samples
+    reproduce = reproduce_result or {}
+    return [float(reproduce["cold_start_s"])] if reproduce.get("cold_start_s") is not None else []

@@ -30,6 +30,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from diagnostic.jobs.models import DiagnosticJob, StageRun
 from diagnostic.jobs.tuning import tuned_section
+from diagnostic.pipelines.triage import section as triage_section
 from lab.baseline import (
     Baseline,
     BaselineError,
@@ -343,12 +344,9 @@ def _result(job: DiagnosticJob, stage: str) -> dict[str, Any]:
 def customer_cold_starts(job: DiagnosticJob) -> list[float]:
     """The starting configuration's true cold starts, as the triage (or reproduce) took them."""
     triage = job.stage_runs.filter(name="triage", status=StageRun.Status.SUCCEEDED).first()
-    section = ((triage.result or {}).get("sections") or {}).get("cold_start") or {} if triage else {}
-    for step in section.get("waterfall") or []:
-        if step.get("mode") == "baseline" and step.get("samples_s"):
-            return [float(v) for v in step["samples_s"]]
-    reproduce = _result(job, "reproduce")
-    return [float(reproduce["cold_start_s"])] if reproduce.get("cold_start_s") is not None else []
+    triage_result = triage.result if triage is not None and isinstance(triage.result, dict) else None
+    samples = triage_section.ColdStartSection(triage_result).baseline_samples()
+    return samples or triage_section.customer_cold_starts(None, _result(job, "reproduce"))
 
 
 def baseline_from_job(job: DiagnosticJob, *, lab: str) -> Baseline:

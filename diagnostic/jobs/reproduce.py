@@ -438,6 +438,8 @@ def _start_after_crash(
     try:
         launched = session.launch(config, cold=True, timeout_s=LAUNCH_TIMEOUT_LAB_S)
     except LaunchFailed as again:
+        # The second start may stop first on another node: the log names it too.
+        ctx.log(f"the engine did not start on {again.node}: {again.reason} (second start)")
         ctx.attach(f"engine log tail, {again.node} (second start)", again.log_tail)
         starts = [_start_info(first), _start_info(again)]
         # The same way means the same family of error (out of memory, NCCL, CUDA, the Python

@@ -22,9 +22,12 @@ from lab.baseline import baseline_dir_for, best_known, find_baseline, node_finge
 from tests.diagnostic.conftest import REFERENCE_CONFIG, REFERENCE_SCENARIO
 
 KIMI = "moonshotai/Kimi-K2-Instruct-0905"
-# Lab seconds per wall second: the whole day in about half a minute. The test checks that
-# the file holds what the job measured, not the figures themselves.
-DILATION = 400
+# Lab seconds per wall second: the whole day in about a minute. The test checks that the
+# file holds what the job measured, not the figures themselves. At 400 a busy machine's
+# wall-time overheads (a few seconds) spent the triage's lab-time budget (1,870 of 2,029 lab
+# s on the customer's two starts) before it proved the lab's NCCL names, and nothing was
+# tuned to measure.
+DILATION = 150
 
 
 @pytest.fixture

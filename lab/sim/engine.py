@@ -76,8 +76,6 @@ GRAPH_POOL_GIB = 0.52
 # native context needs: a fixed amount of memory on that lab, so a shorter max_model_len fits.
 KV_BUDGET_FRACTION = 0.4
 
-# The flags that choose the NVFP4 kernels, per engine: (MoE, linear / GEMM).
-FP4_FLAGS = {engine: (flags["moe"], flags["linear"]) for engine, flags in BACKEND_FLAGS.items()}
 # vLLM's NvFp4MoeBackend values for its --moe-backend choices (oracle/nvfp4.py's mapping;
 # the rest upper-cased), and the order its oracle tries them on sm_12x.
 VLLM_MOE_VALUES = {"cutlass": "VLLM_CUTLASS"}
@@ -200,7 +198,7 @@ def fp4_choice(release: Release, argv: Sequence[str], default: str) -> Fp4Choice
     variables choose nothing), by the version's default rule where a flag is absent or
     `auto`. vLLM lower-cases a choice and turns `-` into `_` (its flags' type)."""
     picked = []
-    for option in FP4_FLAGS[release.engine]:
+    for option in (BACKEND_FLAGS[release.engine]["moe"], BACKEND_FLAGS[release.engine]["linear"]):
         _, value = release.option(argv, option)
         value = value or ""
         if release.engine == "vllm":

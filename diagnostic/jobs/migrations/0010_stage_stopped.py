@@ -10,10 +10,9 @@ STOPPED_JOB = "stopped_job"  # the key the stopping stage's result carries its r
 
 
 def _move(apps: Any, rows: Any, before: str, after: str) -> None:
-    StageRun = apps.get_model("jobs", "StageRun")
     DiagnosticJob = apps.get_model("jobs", "DiagnosticJob")
     moved = list(rows.values_list("job_id", "name"))
-    StageRun.objects.filter(pk__in=rows.values("pk")).update(status=after)
+    rows.update(status=after)
     names: dict[Any, set[str]] = {}
     for job_id, name in moved:
         names.setdefault(job_id, set()).add(name)

@@ -41,8 +41,6 @@ UNKNOWN_BACKEND = "diag_probe_no_such_backend"
 # still notes and removes one that a configuration stored before that refusal carries.
 PIN_ENV = ("VLLM_NVFP4_GEMM_BACKEND", "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND")
 FIELD_OF_LAYER = {"moe": "moe_backend", "linear": "linear_backend"}
-# The flag that chooses each layer's NVFP4 backend, per engine (a version may lack one).
-FLAG_OF_LAYER = BACKEND_FLAGS
 # The end of vLLM's MoE oracle line: the backends its default rule considered, in its order
 # ("... out of potential backends: ['FLASHINFER_CUTLASS', 'VLLM_CUTLASS', ...]").
 _POTENTIAL = re.compile(r"out of potential backends: \[(?P<list>[^\]]*)\]")
@@ -67,7 +65,7 @@ def supported_from_error(text: str, flag: str | None = None) -> list[str] | None
 def backend_flag(engine: str, version: str, layer: str) -> str | None:
     """The flag of `version` that chooses `layer`'s backend, None when it has none (SGLang
     releases without --fp4-gemm-backend)."""
-    name = FLAG_OF_LAYER.get(engine, {}).get(layer)
+    name = BACKEND_FLAGS.get(engine, {}).get(layer)
     if name is None:
         return None
     try:
